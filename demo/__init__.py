@@ -1,0 +1,1 @@
+"""The Gradio demo of the agent."""

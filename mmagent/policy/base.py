@@ -1,0 +1,109 @@
+"""What the agent loop needs from a policy backend, and the per-episode state a backend keeps.
+
+A backend (transformers today; vLLM and HTTP later) implements :class:`Policy`:
+
+* ``start`` encodes the first prompt (system prompt with the tool schemas, the user's media and
+  question) into a :class:`Session`;
+* ``generate`` continues a batch of sessions until a stop string, end of turn or the token limit;
+* ``observe`` appends a tool's observation (text + images) as new prompt tokens.
+
+The session holds the conversation as token ids, never as text: generated ids and encoded
+observation ids are concatenated as they come (token-in/token-out), so the ids that training later
+sees are exactly the ones the policy produced, and ``loss_mask`` marks which of them it produced.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from PIL import Image
+
+from mmagent.media import EpisodeMedia
+from toolbox.base import Observation
+
+
+@dataclass
+class MediaBudget:
+    """How media become visual tokens (pixels per frame/image, frame count)."""
+
+    #: frames sampled uniformly from the video for the first prompt
+    video_frames: int = 16
+    #: pixel bounds per video frame (Qwen2.5-VL: one token per 28x28 pixels, two frames per token slab)
+    video_min_pixels: int = 28 * 28 * 4
+    video_max_pixels: int = 224 * 224
+    #: pixel bounds of the user's image
+    image_min_pixels: int = 28 * 28 * 4
+    image_max_pixels: int = 1024 * 28 * 28
+    #: pixel bounds of each image a tool returns (frames, crops)
+    observation_min_pixels: int = 28 * 28 * 4
+    observation_max_pixels: int = 256 * 28 * 28
+
+    def __post_init__(self) -> None:
+        if self.video_frames < 1:
+            raise ValueError("video_frames must be at least 1")
+        for kind in ("video", "image", "observation"):
+            lo, hi = getattr(self, f"{kind}_min_pixels"), getattr(self, f"{kind}_max_pixels")
+            if not 0 < lo <= hi:
+                raise ValueError(f"{kind}_min_pixels ({lo}) must be positive and at most {kind}_max_pixels ({hi})")
+
+
+@dataclass
+class Generation:
+    """One turn of generated text and its tokens."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    #: the turn hit max_new_tokens before a stop string or end of turn
+    truncated: bool
+    #: tokens run through the model before this turn's first new token (the prompt the turn needed)
+    prefill_tokens: int
+    seconds: float = 0.0
+
+
+@dataclass
+class Session:
+    """One episode's conversation inside a policy. Backends subclass it to add their caches."""
+
+    media: EpisodeMedia
+    token_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    prompt_length: int = 0
+    visual_tokens: int = 0
+    #: seconds of the frames shown in the first prompt
+    initial_frame_times: list[float] = field(default_factory=list)
+    seed: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def _append(self, ids: Sequence[int], policy: bool, logprobs: Sequence[float] | None = None) -> None:
+        self.token_ids.extend(int(i) for i in ids)
+        self.loss_mask.extend([1 if policy else 0] * len(ids))
+        self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+
+
+class Policy(abc.ABC):
+    """A vision-language model that can hold several episodes open at once."""
+
+    media_budget: MediaBudget
+
+    @abc.abstractmethod
+    def start(self, system_prompt: str, question: str, media: EpisodeMedia, seed: int = 0) -> Session:
+        """Encode the first prompt of an episode."""
+
+    @abc.abstractmethod
+    def generate(self, sessions: Sequence[Session], max_new_tokens: int) -> list[Generation]:
+        """Generate the next turn of each session (appended to it) until a stop string."""
+
+    @abc.abstractmethod
+    def observe(self, session: Session, observation: Observation) -> int:
+        """Append ``observation`` as prompt tokens; return how many tokens it added."""
+
+    @abc.abstractmethod
+    def visual_tokens(self, images: Sequence[Image.Image]) -> int:
+        """How many visual tokens these observation images would cost."""
+
+    def end(self, session: Session) -> None:
+        """Free what the session holds (caches). The token ids stay readable."""

@@ -1,0 +1,363 @@
+"""The transformers backend: Qwen2.5-VL (and same-family models) with a KV cache kept across turns.
+
+Why not ``model.generate`` per turn: it would re-encode the whole conversation (every image again)
+each turn, and it drops ``pixel_values`` after its first step, so observation images could not be
+added to a running cache. Instead each episode keeps its own ``DynamicCache``. A turn forwards only
+what is new since the last forward — the previous turn's last sampled token plus the observation
+segment — with explicit M-RoPE positions, then decodes token by token. ``Generation.prefill_tokens``
+records how many tokens each turn ran through the model, which is how the reuse is measured;
+``reuse_cache=False`` gives the re-encode-everything baseline (same outputs, more compute).
+
+Positions: Qwen2.5-VL's ``get_rope_index`` walks the sequence with a counter that text tokens
+advance by one and a vision block advances by ``max(h, w) / merge``. Every segment ends with text, so
+a segment's positions are its own ``get_rope_index`` shifted by the counter at its start; the test
+suite checks this equals ``get_rope_index`` over the whole sequence.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+import torch
+from PIL import Image
+
+from mmagent.media import EpisodeMedia
+from mmagent.policy.base import Generation, MediaBudget, Policy, Session
+from mmagent.protocol import RESPONSE_CLOSE, RESPONSE_OPEN, STOP_STRINGS
+from toolbox.base import Observation
+
+# ChatML as the Qwen family writes it; observation segments are built with these directly because
+# Qwen2.5-VL's stock chat template drops images in tool-role turns.
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+VISION_START, VISION_END = "<|vision_start|>", "<|vision_end|>"
+VISION_INPUTS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+
+
+@dataclass
+class SamplingConfig:
+    """How the next token is picked. ``temperature == 0`` is greedy."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+
+
+@dataclass
+class Segment:
+    """A run of tokens with their M-RoPE positions and the vision inputs their placeholders need."""
+
+    ids: torch.Tensor  # (L,)
+    mm_types: torch.Tensor  # (L,) 0 text, 1 image, 2 video
+    positions: torch.Tensor  # (3, L)
+    vision: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def end_counter(self) -> int:
+        # Segments end in text, whose next position is the last one plus one.
+        return int(self.positions[:, -1].max()) + 1
+
+
+@dataclass
+class HFSession(Session):
+    segments: list[Segment] = field(default_factory=list)  # the whole conversation, in order
+    forwarded: int = 0  # how many of ``segments`` (and tokens of the last one) are already in the cache
+    pending: list[Segment] = field(default_factory=list)  # not yet run through the model
+    cache: Any = None
+    counter: int = 0  # M-RoPE position counter after everything in ``segments``
+    last_token: int | None = None
+    turn: int = 0
+    rng: torch.Generator | None = None
+
+
+class TokenChooser(Protocol):
+    """Picks each next token. The default samples; tests and SFT data replay scripted text."""
+
+    def begin_turn(self, session: HFSession, tokenizer: Any) -> None: ...
+
+    def choose(self, logits: torch.Tensor, session: HFSession) -> int: ...
+
+
+class Sampler:
+    """Greedy or temperature/top-p/top-k sampling with a per-session seeded generator."""
+
+    def __init__(self, config: SamplingConfig) -> None:
+        self.config = config
+
+    def begin_turn(self, session: HFSession, tokenizer: Any) -> None:
+        if session.rng is None:
+            session.rng = torch.Generator().manual_seed(session.seed)
+
+    def choose(self, logits: torch.Tensor, session: HFSession) -> int:
+        cfg = self.config
+        if cfg.temperature == 0:
+            return int(torch.argmax(logits))
+        logits = logits / cfg.temperature
+        if cfg.top_k > 0:
+            kth = torch.topk(logits, min(cfg.top_k, logits.numel())).values[-1]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        if cfg.top_p < 1:
+            sorted_p, order = torch.sort(probs, descending=True)
+            drop = torch.cumsum(sorted_p, 0) - sorted_p > cfg.top_p
+            sorted_p[drop] = 0
+            probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
+        return int(torch.multinomial(probs, 1, generator=session.rng))
+
+
+class HFPolicy(Policy):
+    """A transformers image-text-to-text model as the agent's policy."""
+
+    def __init__(self, model: Any, processor: Any, media_budget: MediaBudget | None = None,
+                 sampling: SamplingConfig | None = None, reuse_cache: bool = True,
+                 chooser: TokenChooser | None = None) -> None:
+        self.model = model.eval()
+        self.processor = processor
+        self.tokenizer = processor.tokenizer
+        self.media_budget = media_budget or MediaBudget()
+        self.sampling = sampling or SamplingConfig()
+        self.reuse_cache = reuse_cache
+        self.chooser: TokenChooser = chooser or Sampler(self.sampling)
+        tok = self.tokenizer
+        self.image_token = getattr(processor, "image_token", "<|image_pad|>")
+        vocab = tok.get_vocab()
+        self.suppress_ids = torch.tensor([vocab[t] for t in VISION_TOKENS if t in vocab], dtype=torch.long)
+        eos = model.generation_config.eos_token_id if model.generation_config is not None else None
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        self.eos_ids = {i for i in eos + [tok.eos_token_id, vocab.get(IM_END)] if i is not None}
+        self.im_end_id = vocab.get(IM_END)
+        ip = processor.image_processor
+        self.patch_factor = int(ip.patch_size) * int(ip.merge_size)
+
+    # ----- construction ----------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, name_or_path: str, device: str | None = None, dtype: str | torch.dtype = "auto",
+                        **kwargs: Any) -> "HFPolicy":
+        """Load ``name_or_path`` (a hub id such as ``Qwen/Qwen2.5-VL-7B-Instruct`` or a local folder)."""
+        from transformers import AutoModelForImageTextToText, AutoProcessor
+
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        looks_local = os.path.isabs(name_or_path) or name_or_path.startswith((".", "~")) or os.path.exists(name_or_path)
+        if looks_local and not os.path.isdir(os.path.expanduser(name_or_path)):
+            raise FileNotFoundError(f"no model folder at {name_or_path!r} (build one offline with "
+                                    f"`mmagent make-tiny {name_or_path}`, or pass a hub id)")
+        name_or_path = os.path.expanduser(name_or_path)
+        try:
+            processor = AutoProcessor.from_pretrained(name_or_path)
+            model = AutoModelForImageTextToText.from_pretrained(name_or_path, dtype=dtype)
+        except OSError as exc:
+            raise OSError(f"could not load model {name_or_path!r}: {exc}\nPass a hub id you can download, or a "
+                          "local folder saved with save_pretrained (try `mmagent make-tiny ./tiny-qwen`).") from exc
+        return cls(model.to(device), processor, **kwargs)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # ----- encoding -------------------------------------------------------------------------------
+    def _fit_image(self, image: Image.Image, min_pixels: int, max_pixels: int) -> Image.Image:
+        from qwen_vl_utils import fetch_image
+
+        return fetch_image({"image": image, "min_pixels": min_pixels, "max_pixels": max_pixels},
+                           image_patch_size=self.patch_factor // 2)
+
+    def visual_tokens(self, images: Sequence[Image.Image]) -> int:
+        from qwen_vl_utils import smart_resize
+
+        b = self.media_budget
+        total = 0
+        for im in images:
+            h, w = smart_resize(im.height, im.width, factor=self.patch_factor,
+                                min_pixels=b.observation_min_pixels, max_pixels=b.observation_max_pixels)
+            total += (h // self.patch_factor) * (w // self.patch_factor)
+        return total
+
+    def _encode(self, session: HFSession, text: str, images: Sequence[Image.Image] = (),
+                videos: Sequence[Any] = (), video_metadata: Sequence[dict] = ()) -> Segment:
+        """Run the real processor over one segment and place it after what the session has."""
+        kwargs: dict[str, Any] = {"return_tensors": "pt", "return_mm_token_type_ids": True}
+        if images:
+            kwargs["images"] = list(images)
+        if videos:
+            kwargs.update(videos=list(videos), video_metadata=list(video_metadata), do_sample_frames=False,
+                          cap_pixels_per_frame=True)
+        if images or videos:
+            kwargs["do_resize"] = False  # already sized by qwen-vl-utils within the pixel budget
+        enc = self.processor(text=[text], **kwargs)
+        ids = enc["input_ids"][0]
+        mm_types = enc.get("mm_token_type_ids", torch.zeros_like(enc["input_ids"]))[0]
+        vision = {k: enc[k] for k in VISION_INPUTS if k in enc and enc[k] is not None}
+        if "second_per_grid_ts" in vision and not torch.is_tensor(vision["second_per_grid_ts"]):
+            vision["second_per_grid_ts"] = torch.tensor(vision["second_per_grid_ts"], dtype=torch.float)
+        if mm_types.any():
+            pos, _ = self.model.model.get_rope_index(
+                ids[None], mm_types[None], image_grid_thw=vision.get("image_grid_thw"),
+                video_grid_thw=vision.get("video_grid_thw"), second_per_grid_ts=vision.get("second_per_grid_ts"))
+            positions = pos[:, 0] + session.counter
+        else:
+            positions = torch.arange(len(ids)).expand(3, -1) + session.counter
+        if int(mm_types[-1]) != 0:
+            raise AssertionError("a segment must end with text")
+        seg = Segment(ids=ids, mm_types=mm_types, positions=positions, vision=vision)
+        session.visual_tokens += int((mm_types != 0).sum())
+        return seg
+
+    def _add(self, session: HFSession, seg: Segment, policy: bool, logprobs: Sequence[float] | None = None) -> None:
+        session.segments.append(seg)
+        session.pending.append(seg)
+        session.counter = seg.end_counter
+        session._append(seg.ids.tolist(), policy, logprobs)
+
+    def _text_segment(self, ids: Sequence[int], start: int) -> Segment:
+        t = torch.tensor(list(ids), dtype=torch.long)
+        return Segment(ids=t, mm_types=torch.zeros_like(t), positions=torch.arange(len(t)).expand(3, -1) + start)
+
+    # ----- episode API ----------------------------------------------------------------------------
+    def start(self, system_prompt: str, question: str, media: EpisodeMedia, seed: int = 0) -> HFSession:
+        from qwen_vl_utils import fetch_video
+
+        session = HFSession(media=media, seed=seed)
+        b = self.media_budget
+        content: list[dict[str, Any]] = []
+        images, videos, metadata = [], [], []
+        if media.video is not None:
+            frames = media.video.sample_uniform(b.video_frames)
+            session.initial_frame_times = [f.timestamp for f in frames]
+            video, meta = fetch_video({"video": [f.image for f in frames], "sample_fps": len(frames) / media.video.duration,
+                                       "min_pixels": b.video_min_pixels, "max_pixels": b.video_max_pixels},
+                                      image_patch_size=self.patch_factor // 2, return_video_metadata=True)
+            media.set_view_size("video", (int(video.shape[-1]), int(video.shape[-2])))
+            videos.append(video)
+            metadata.append(meta)
+            content.append({"type": "video"})
+        if media.image is not None:
+            image = self._fit_image(media.image, b.image_min_pixels, b.image_max_pixels)
+            media.set_view_size("image", image.size)
+            images.append(image)
+            content.append({"type": "image"})
+        content.append({"type": "text", "text": question})
+        messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": content}]
+        prompt = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        seg = self._encode(session, prompt, images=images, videos=videos, video_metadata=metadata)
+        self._add(session, seg, policy=False)
+        session.prompt_length = len(session.token_ids)
+        return session
+
+    def observe(self, session: HFSession, observation: Observation) -> int:
+        b = self.media_budget
+        lines = [RESPONSE_OPEN, observation.text]
+        images = []
+        handles = observation.handles or [f"image {k + 1}" for k in range(len(observation.images))]
+        labels = observation.image_labels or [""] * len(observation.images)
+        for im, handle, label in zip(observation.images, handles, labels):
+            fitted = self._fit_image(im, b.observation_min_pixels, b.observation_max_pixels)
+            session.media.set_view_size(handle, fitted.size)
+            images.append(fitted)
+            name = f"{handle} ({label})" if label else handle
+            lines.append(f"{name}: {VISION_START}{self.image_token}{VISION_END}")
+        lines.append(RESPONSE_CLOSE)
+        # Close the assistant turn unless the model already did.
+        close = "" if session.last_token in self.eos_ids else IM_END
+        text = f"{close}\n{IM_START}user\n" + "\n".join(lines) + f"{IM_END}\n{IM_START}assistant\n"
+        seg = self._encode(session, text, images=images)
+        self._add(session, seg, policy=False)
+        return len(seg.ids)
+
+    def end(self, session: HFSession) -> None:
+        session.cache = None
+        session.pending = []
+
+    # ----- model calls ----------------------------------------------------------------------------
+    def _forward(self, session: HFSession, segments: Sequence[Segment]) -> torch.Tensor:
+        """Run ``segments`` through the model on top of the session's cache; return the last logits."""
+        from transformers import DynamicCache
+
+        if session.cache is None:
+            session.cache = DynamicCache(config=self.model.config)
+        dev = self.device
+        inputs = {k: v.to(dev) for k, v in concat_segments(segments).items()}
+        for key in ("pixel_values", "pixel_values_videos"):
+            if key in inputs:
+                inputs[key] = inputs[key].to(self.model.dtype)
+        out = self.model(**inputs, cache=session.cache, use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1].float()
+
+    def _prefill(self, session: HFSession) -> tuple[torch.Tensor, int]:
+        if self.reuse_cache:
+            segments = session.pending
+        else:
+            session.cache = None
+            segments = session.segments
+        n = sum(len(s.ids) for s in segments)
+        logits = self._forward(session, segments)
+        session.pending = []
+        return logits, n
+
+    def _is_stop(self, generated: list[int]) -> bool:
+        tail = self.tokenizer.decode(generated[-16:], skip_special_tokens=False)
+        return any(s in tail for s in STOP_STRINGS)
+
+    @torch.inference_mode()
+    def _generate_one(self, session: HFSession, max_new_tokens: int) -> Generation:
+        t0 = time.perf_counter()
+        self.chooser.begin_turn(session, self.tokenizer)
+        logits, prefilled = self._prefill(session)
+        start = session.counter
+        generated: list[int] = []
+        logprobs: list[float] = []
+        truncated = False
+        suppress = self.suppress_ids.to(logits.device)
+        while True:
+            logits[suppress] = float("-inf")
+            token = self.chooser.choose(logits, session)
+            scale = self.sampling.temperature if self.sampling.temperature > 0 else 1.0
+            logprobs.append(float(torch.log_softmax(logits / scale, dim=-1)[token]))
+            generated.append(token)
+            if token in self.eos_ids or self._is_stop(generated):
+                break
+            if len(generated) >= max_new_tokens:
+                truncated = True
+                break
+            logits = self._forward(session, [self._text_segment([token], start + len(generated) - 1)])
+        # Every generated token but the last is in the cache now; the last one goes in with the next segment.
+        seg = self._text_segment(generated, start)
+        session.segments.append(seg)
+        session.counter = seg.end_counter
+        session.pending = [Segment(seg.ids[-1:], seg.mm_types[-1:], seg.positions[:, -1:])]
+        session._append(generated, policy=True, logprobs=logprobs)
+        session.last_token = generated[-1]
+        session.turn += 1
+        text = self.tokenizer.decode(generated, skip_special_tokens=True)
+        return Generation(text=text, token_ids=generated, logprobs=logprobs, truncated=truncated,
+                          prefill_tokens=prefilled, seconds=time.perf_counter() - t0)
+
+    def generate(self, sessions: Sequence[HFSession], max_new_tokens: int) -> list[Generation]:
+        # One session after another: each has its own cache. Batched decoding is the vLLM backend's job.
+        return [self._generate_one(s, max_new_tokens) for s in sessions]
+
+    def full_sequence_inputs(self, session: HFSession) -> dict[str, torch.Tensor]:
+        """The whole conversation as one model input (for training and for checking positions)."""
+        return concat_segments(session.segments)
+
+
+def concat_segments(segments: Sequence[Segment]) -> dict[str, torch.Tensor]:
+    """Model inputs (batch of one) for segments laid end to end."""
+    inputs: dict[str, torch.Tensor] = {
+        "input_ids": torch.cat([s.ids for s in segments])[None],
+        "position_ids": torch.cat([s.positions for s in segments], dim=1)[:, None],
+        "mm_token_type_ids": torch.cat([s.mm_types for s in segments])[None],
+    }
+    for key in VISION_INPUTS:
+        parts = [s.vision[key] for s in segments if key in s.vision]
+        if parts:
+            inputs[key] = torch.cat(parts)
+    return inputs

@@ -1,0 +1,240 @@
+"""Tiny random Qwen2.5-VL checkpoints built entirely in code, for tests, CI and offline demos.
+
+:func:`build_tiny_qwen2_5_vl` writes a directory that ``from_pretrained`` loads exactly like
+``Qwen/Qwen2.5-VL-7B-Instruct``: the real model class (a few layers, 64-wide), a byte-level BPE
+tokenizer trained here with the ``tokenizers`` library on the agent's own vocabulary (so prompts stay
+short), Qwen's special tokens, the real image/video processors and a ChatML chat template of the same
+shape as Qwen's. Nothing is downloaded.
+
+:func:`imprint` optionally fine-tunes such a model for a few seconds on one scripted episode so that
+greedy decoding calls ``resample_frames`` and then answers: enough to watch the whole loop run
+end to end (``mmagent make-tiny DIR --imprint``) on a machine without the hub.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from mmagent.protocol import format_tool_call, render_system_prompt
+
+# Qwen2.5-VL's special tokens, in Qwen's order, plus the agent's tags as added (non-special) tokens.
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+                  "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
+                  "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"]
+AGENT_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>",
+                "<answer>", "</answer>"]
+
+#: ChatML with Qwen2-VL's vision placeholders; the same shape as the hub template of Qwen2.5-VL.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _training_corpus() -> list[str]:
+    """Text the tiny tokenizer learns merges from: the agent's prompts, tags, numbers and English."""
+    from toolbox import available_tools, create_tool
+
+    schemas = [create_tool(n).schema() for n in available_tools()]
+    corpus = [render_system_prompt(schemas)] * 4
+    corpus += [json.dumps(s) for s in schemas]
+    corpus += [format_tool_call("resample_frames", {"start": s, "end": s + 2.5, "num_frames": 4}) for s in range(40)]
+    corpus += [f"Video clip from {a:.2f} to {a + 2:.2f} seconds: 4 frames at {a:.2f}s, {a + 0.5:.2f}s" for a in
+               np.linspace(0, 30, 25)]
+    corpus += ["The answer is (A) (B) (C) (D) yes no red green blue white black left right top bottom color "
+               "what which when where how many object person moves appears first last happens before after"] * 8
+    return corpus
+
+
+def build_tokenizer(vocab_size: int = 800):
+    """A Qwen2Tokenizer with a BPE vocabulary trained here (byte-level, so any text encodes)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import AddedToken
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX, Qwen2Tokenizer
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS + AGENT_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_training_corpus(), trainer=trainer)
+    model = json.loads(tok.to_str())["model"]
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
+    tokenizer = Qwen2Tokenizer(vocab=model["vocab"], merges=merges, eos_token="<|im_end|>",
+                               pad_token="<|endoftext|>", unk_token=None)
+    tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS[1:]})
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in AGENT_TOKENS])
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_processor(tokenizer, min_pixels: int = 28 * 28, max_pixels: int = 112 * 112):
+    """Qwen2.5-VL's real processor (image + video processors) around ``tokenizer``."""
+    from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor, Qwen2VLVideoProcessor
+
+    image_processor = Qwen2VLImageProcessor(min_pixels=min_pixels, max_pixels=max_pixels)
+    video_processor = Qwen2VLVideoProcessor(min_pixels=min_pixels, max_pixels=max_pixels)
+    return Qwen2_5_VLProcessor(image_processor=image_processor, tokenizer=tokenizer,
+                               video_processor=video_processor, chat_template=CHAT_TEMPLATE)
+
+
+def tiny_config(tokenizer, hidden_size: int = 64, num_layers: int = 2):
+    """A Qwen2_5_VLConfig a few hundred KB in size, with the real M-RoPE and windowed vision tower."""
+    from transformers import Qwen2_5_VLConfig
+
+    ids = tokenizer.convert_tokens_to_ids
+    head_dim = hidden_size // 4
+    section = [head_dim // 8, (head_dim // 2 - head_dim // 8) // 2]
+    section.append(head_dim // 2 - sum(section))
+    return Qwen2_5_VLConfig(
+        text_config={
+            "vocab_size": len(tokenizer), "hidden_size": hidden_size, "intermediate_size": hidden_size * 2,
+            "num_hidden_layers": num_layers, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "max_position_embeddings": 4096, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                                                  "mrope_section": section},
+            "bos_token_id": ids("<|endoftext|>"), "eos_token_id": ids("<|im_end|>"),
+            "pad_token_id": ids("<|endoftext|>"),
+        },
+        vision_config={"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                       "out_hidden_size": hidden_size, "fullatt_block_indexes": [1], "window_size": 112,
+                       "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2},
+        image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
+        tie_word_embeddings=False,
+    )
+
+
+def build_tiny_qwen2_5_vl(path: str | os.PathLike, seed: int = 0, hidden_size: int = 64, num_layers: int = 2
+                          ) -> Path:
+    """Write a tiny random Qwen2.5-VL checkpoint (model, tokenizer, processor) to ``path``."""
+    import torch
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    torch.manual_seed(seed)
+    tokenizer = build_tokenizer()
+    processor = build_processor(tokenizer)
+    config = tiny_config(tokenizer, hidden_size=hidden_size, num_layers=num_layers)
+    model = Qwen2_5_VLForConditionalGeneration(config).eval()
+    model.generation_config.eos_token_id = config.text_config.eos_token_id
+    model.generation_config.pad_token_id = config.text_config.pad_token_id
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    processor.save_pretrained(path)
+    return path
+
+
+def write_synthetic_video(path: str | os.PathLike, seconds: float = 4.0, fps: int = 8,
+                          size: tuple[int, int] = (96, 64), colors: Sequence[tuple[int, int, int]] | None = None,
+                          codec: str = "mp4v") -> Path:
+    """An MP4 whose frames are solid colour segments (RGB) with a moving white square and a frame counter.
+
+    Segment ``k`` of ``len(colors)`` equal parts has colour ``colors[k]``, so tests can ask which colour
+    is shown at a time and check the frames that come back.
+    """
+    import cv2
+
+    colors = list(colors or [(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0)])
+    w, h = size
+    n = max(1, int(round(seconds * fps)))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*codec), fps, (w, h))
+    if not writer.isOpened():
+        raise RuntimeError(f"OpenCV cannot write {codec!r} video to {path}")
+    try:
+        for i in range(n):
+            r, g, b = colors[min(len(colors) - 1, i * len(colors) // n)]
+            frame = np.empty((h, w, 3), np.uint8)
+            frame[:] = (b, g, r)  # OpenCV wants BGR
+            x = int((w - 12) * i / max(1, n - 1))
+            frame[h // 2 - 6:h // 2 + 6, x:x + 12] = 255
+            cv2.putText(frame, str(i), (2, h - 4), cv2.FONT_HERSHEY_SIMPLEX, 0.3, (0, 0, 0), 1)
+            writer.write(frame)
+    finally:
+        writer.release()
+    return path
+
+
+#: the episode :func:`imprint` teaches: look again at the first two seconds, then answer
+IMPRINT_TURNS = (
+    "<think>Let me look at the start of the video more closely.</think>"
+    + format_tool_call("resample_frames", {"start": 0.0, "end": 2.0, "num_frames": 4}),
+    "<think>I have looked at the frames again.</think><answer>A</answer>",
+)
+
+
+def imprint(path: str | os.PathLike, steps: int = 400, lr: float = 3e-3, seed: int = 0, episodes_count: int = 18
+            ) -> Path:
+    """Fine-tune the tiny checkpoint at ``path`` in place so that greedy decoding plays IMPRINT_TURNS.
+
+    The scripted episodes (synthetic videos of several sizes and lengths, varied questions)
+    are encoded by forcing their text through the real policy, so the training tokens are exactly
+    the agent's; the model is then trained on their policy tokens only (loss mask 1).
+    """
+    import torch
+
+    from mmagent.media import EpisodeMedia
+    from mmagent.policy.hf import HFPolicy
+    from mmagent.policy.replay import ReplayChooser
+    from mmagent.protocol import parse_turn
+    from toolbox import create_tool
+
+    policy = HFPolicy.from_pretrained(str(path), device="cpu", dtype=torch.float32,
+                                      chooser=ReplayChooser(list(IMPRINT_TURNS)))
+    tool = create_tool("resample_frames")
+    system = render_system_prompt([create_tool(n).schema() for n in ("resample_frames", "zoom")])
+    rng = np.random.default_rng(seed)
+    subjects = ("the screen", "the square", "the video", "the clip", "the first frame", "the last second",
+                "the object", "the scene")
+    asks = ("What colour is {}?", "What happens in {}?", "Which object moves in {}?", "Describe {}.",
+            "Where is {} at the end?", "How many colours does {} show?", "What is {}?", "{}?",
+            "Is there anything in {}?")
+    episodes = [(asks[k % len(asks)].format(subjects[(3 * k) % len(subjects)]),
+                 (int(rng.choice([64, 96, 128, 160])), int(rng.choice([64, 96, 128]))),
+                 float(rng.choice([3.0, 4.0, 6.0, 8.0]))) for k in range(episodes_count)]
+    torch.manual_seed(seed)
+    batches = []
+    tmp = tempfile.TemporaryDirectory()
+    for k, (q, size, seconds) in enumerate(episodes):
+        video = write_synthetic_video(Path(tmp.name) / f"clip{k}.mp4", seconds=seconds, size=size)
+        media = EpisodeMedia(video=video)
+        session = policy.start(system, f"This is a video with duration {media.video.duration:.2f} seconds. {q}", media)
+        call = parse_turn(policy.generate([session], 256)[0].text).action
+        policy.observe(session, tool(call.arguments, media))
+        policy.generate([session], 256)
+        inputs = policy.full_sequence_inputs(session)
+        labels = torch.tensor(session.token_ids)
+        labels[torch.tensor(session.loss_mask) == 0] = -100
+        batches.append((inputs, labels[None]))
+        media.close()
+    tmp.cleanup()
+    model = policy.model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    for step in range(steps):
+        inputs, labels = batches[step % len(batches)]
+        loss = model(**inputs, labels=labels).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.eval().save_pretrained(path)
+    return Path(path)

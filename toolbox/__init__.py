@@ -1,0 +1,17 @@
+"""The visual toolbox: tools the agent can call, one module per tool, plus the base class and registry."""
+
+from toolbox.base import Frame, Observation, Tool, ToolContext, ToolError, VideoSource
+from toolbox.registry import available_tools, create_tool, register, resolve_tools
+
+__all__ = [
+    "Frame",
+    "Observation",
+    "Tool",
+    "ToolContext",
+    "ToolError",
+    "VideoSource",
+    "available_tools",
+    "create_tool",
+    "register",
+    "resolve_tools",
+]

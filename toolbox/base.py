@@ -1,0 +1,123 @@
+"""The tool contract: what a tool is, what it receives and what it returns.
+
+A tool is a small object with a name, a description, a JSON schema for its arguments and a
+``run(arguments, context)`` method that returns an :class:`Observation`. Tools never see file paths or
+URLs chosen by the model: they reach media only through the :class:`ToolContext` that the agent hands
+them, which resolves the episode's handles (``video``, ``image``, ``frame@12.5``, ``obs:3``).
+
+This module knows nothing about the agent or the policy (dependencies point agent -> toolbox).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+import jsonschema
+from PIL import Image
+
+
+class ToolError(Exception):
+    """A failure the model should read: bad arguments, an out-of-range time, a missing handle.
+
+    The agent turns it into an error observation; the episode goes on.
+    """
+
+
+@dataclass
+class Frame:
+    """One decoded video frame and the time (seconds from video start) it was shown at."""
+
+    image: Image.Image
+    timestamp: float
+
+
+@dataclass
+class Observation:
+    """What a tool returns: text for the model plus zero or more images.
+
+    ``image_labels`` holds one short label per image (e.g. ``"12.50s"`` or a crop box) that the
+    policy writes next to the image so the model can refer to it; ``handles`` are filled in by the
+    agent with the ``obs:N`` name each image can be addressed by in later calls.
+    """
+
+    text: str
+    images: list[Image.Image] = field(default_factory=list)
+    image_labels: list[str] = field(default_factory=list)
+    is_error: bool = False
+    handles: list[str] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.image_labels and len(self.image_labels) != len(self.images):
+            raise ValueError("image_labels must have one label per image")
+
+    @classmethod
+    def error(cls, message: str) -> "Observation":
+        return cls(text=f"Error: {message}", is_error=True)
+
+
+@runtime_checkable
+class VideoSource(Protocol):
+    """A seekable video, opened once per episode (implemented by ``mmagent.media.VideoReader``)."""
+
+    @property
+    def duration(self) -> float: ...
+
+    @property
+    def fps(self) -> float: ...
+
+    def frames_at(self, timestamps: Sequence[float]) -> list[Frame]: ...
+
+
+class ToolContext(Protocol):
+    """The episode's media as tools may see them (implemented by ``mmagent.media.EpisodeMedia``)."""
+
+    @property
+    def video(self) -> VideoSource | None: ...
+
+    def resolve_image(self, handle: str) -> Image.Image:
+        """Return the image behind ``handle`` at its original resolution; raise ToolError if unknown."""
+        ...
+
+    def view_size(self, handle: str) -> tuple[int, int]:
+        """(width, height) of the image as the model was shown it (boxes are in these pixels)."""
+        ...
+
+
+class Tool(abc.ABC):
+    """Base class of every tool. Subclasses set ``name``, ``description``, ``parameters`` and ``run``."""
+
+    name: str = ""
+    description: str = ""
+    parameters: dict[str, Any] = {"type": "object", "properties": {}, "required": []}
+    #: seconds a single call may take before the agent reports a timeout to the model
+    timeout_s: float = 30.0
+
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI/Hermes function schema shown to the model in the system prompt."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+    def validate(self, arguments: Any) -> dict[str, Any]:
+        """Check ``arguments`` against the JSON schema; raise ToolError with a readable message."""
+        if not isinstance(arguments, dict):
+            raise ToolError(f"arguments of {self.name} must be a JSON object, got {type(arguments).__name__}")
+        schema = dict(self.parameters)
+        schema.setdefault("additionalProperties", False)
+        try:
+            jsonschema.validate(arguments, schema)
+        except jsonschema.ValidationError as exc:
+            where = ".".join(str(p) for p in exc.absolute_path) or "arguments"
+            raise ToolError(f"invalid arguments for {self.name}: {where}: {exc.message}") from None
+        return arguments
+
+    def __call__(self, arguments: Any, context: ToolContext) -> Observation:
+        return self.run(self.validate(arguments), context)
+
+    @abc.abstractmethod
+    def run(self, arguments: dict[str, Any], context: ToolContext) -> Observation:
+        """Do the work on validated arguments."""

@@ -1,0 +1,1 @@
+"""Training: SFT cold start and difficulty-aware multi-task RL (DGRPO) over agent trajectories."""
