@@ -222,9 +222,29 @@ class HFPolicy(Policy):
         return Segment(ids=t, mm_types=torch.zeros_like(t), positions=torch.arange(len(t)).expand(3, -1) + start)
 
     # ----- episode API ----------------------------------------------------------------------------
-    def start(self, system_prompt: str, question: str, media: EpisodeMedia, seed: int = 0) -> HFSession:
-        from qwen_vl_utils import fetch_video
+    def _fit_frames(self, frames: Sequence[Image.Image], fps: float) -> tuple[Any, Any]:
+        """Frames resized to one size within the per-frame budget, as the video processor takes them.
 
+        qwen-vl-utils' ``fetch_video`` is not used for frame lists: it pre-resizes each frame with twice
+        the patch factor, which rounds small frames to zero pixels (qwen-vl-utils 0.0.14).
+        """
+        import numpy as np
+        from qwen_vl_utils import smart_resize
+        from transformers.video_utils import VideoMetadata
+
+        b = self.media_budget
+        w0, h0 = frames[0].size
+        h, w = smart_resize(h0, w0, factor=self.patch_factor, min_pixels=b.video_min_pixels,
+                            max_pixels=b.video_max_pixels)
+        resized = [f.convert("RGB").resize((w, h), Image.BICUBIC) for f in frames]
+        temporal = int(getattr(self.processor.video_processor, "temporal_patch_size", 2))
+        resized += [resized[-1]] * (-len(resized) % temporal)  # whole temporal patches, as qwen-vl-utils pads
+        video = np.stack([np.asarray(f) for f in resized])
+        meta = VideoMetadata(total_num_frames=len(resized), fps=fps, frames_indices=list(range(len(resized))),
+                             width=w, height=h)
+        return video, meta
+
+    def start(self, system_prompt: str, question: str, media: EpisodeMedia, seed: int = 0) -> HFSession:
         session = HFSession(media=media, seed=seed)
         b = self.media_budget
         content: list[dict[str, Any]] = []
@@ -232,10 +252,8 @@ class HFPolicy(Policy):
         if media.video is not None:
             frames = media.video.sample_uniform(b.video_frames)
             session.initial_frame_times = [f.timestamp for f in frames]
-            video, meta = fetch_video({"video": [f.image for f in frames], "sample_fps": len(frames) / media.video.duration,
-                                       "min_pixels": b.video_min_pixels, "max_pixels": b.video_max_pixels},
-                                      image_patch_size=self.patch_factor // 2, return_video_metadata=True)
-            media.set_view_size("video", (int(video.shape[-1]), int(video.shape[-2])))
+            video, meta = self._fit_frames([f.image for f in frames], fps=len(frames) / media.video.duration)
+            media.set_view_size("video", (int(video.shape[2]), int(video.shape[1])))
             videos.append(video)
             metadata.append(meta)
             content.append({"type": "video"})

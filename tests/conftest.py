@@ -1,0 +1,32 @@
+"""Shared fixtures: tiny random Qwen2.5-VL checkpoints built in code, and synthetic videos.
+
+Nothing here downloads anything: the checkpoints are written by ``mmagent.tiny`` into pytest's
+temporary folders once per test session and loaded back with ``from_pretrained``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mmagent.tiny import build_tiny_qwen2_5_vl, imprint, write_synthetic_video
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random 2-layer Qwen2.5-VL (64 wide) with its own tokenizer and the real processors."""
+    return build_tiny_qwen2_5_vl(tmp_path_factory.mktemp("tiny-qwen"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def imprinted_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model trained for a few seconds to call resample_frames once and then answer "A"."""
+    path = build_tiny_qwen2_5_vl(tmp_path_factory.mktemp("tiny-qwen-imprinted"), seed=0, hidden_size=128)
+    return imprint(path)
+
+
+@pytest.fixture(scope="session")
+def video_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 4 s, 8 fps, 96x64 MP4: red, green, blue, yellow for one second each."""
+    return write_synthetic_video(tmp_path_factory.mktemp("media") / "clip.mp4", seconds=4.0, fps=8, size=(96, 64))
