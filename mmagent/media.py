@@ -26,6 +26,8 @@ from PIL import Image
 from toolbox.base import Frame, ToolError
 
 T = TypeVar("T")
+#: draws on a decoded (H, W, 3) RGB frame in place, given its timestamp in seconds
+Annotate = Callable[[np.ndarray, float], None]
 
 #: images larger than this many pixels are refused (a decompression bomb guard)
 MAX_IMAGE_PIXELS = 64_000_000
@@ -76,19 +78,31 @@ class VideoReader:
         """Index of the frame on screen at time ``t`` seconds (clamped to the video)."""
         return int(min(max(math.floor(t * self.fps + 1e-6), 0), self.num_frames - 1))
 
-    def frames_at(self, timestamps: Sequence[float]) -> list[Frame]:
-        """Frames shown at ``timestamps`` (seconds), in the order asked, each with its real timestamp."""
+    def frames_at(self, timestamps: Sequence[float], annotate: Annotate | None = None) -> list[Frame]:
+        """Frames shown at ``timestamps`` (seconds), in the order asked, each with its real timestamp.
+
+        ``annotate(rgb_array, timestamp)``, if given, draws on each decoded frame in place before it
+        becomes an image (one copy per frame instead of three).
+        """
         if not timestamps:
             return []
         with self._lock:
-            return self._frames_at([float(t) for t in timestamps])
+            pairs = self._arrays_at([float(t) for t in timestamps])
+        frames = []
+        for arr, t in pairs:
+            if annotate is not None:
+                arr = np.ascontiguousarray(arr)
+                annotate(arr, t)
+            frames.append(Frame(Image.fromarray(arr), t))
+        return frames
 
     def sample_uniform(self, n: int) -> list[Frame]:
         """``n`` frames at the centres of ``n`` equal slices of the whole video."""
         step = self.duration / n
         return self.frames_at([(i + 0.5) * step for i in range(n)])
 
-    def _frames_at(self, timestamps: list[float]) -> list[Frame]:
+    def _arrays_at(self, timestamps: list[float]) -> list[tuple[np.ndarray, float]]:
+        """(H, W, 3) uint8 RGB arrays (writable) and the timestamps of the frames shown at ``timestamps``."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -109,10 +123,10 @@ class DecordReader(VideoReader):
         self.height, self.width = int(h), int(w)
         self._check()
 
-    def _frames_at(self, timestamps: list[float]) -> list[Frame]:
+    def _arrays_at(self, timestamps: list[float]) -> list[tuple[np.ndarray, float]]:
         idx = [self.index_at(t) for t in timestamps]
         batch = self._vr.get_batch(idx).asnumpy()
-        return [Frame(Image.fromarray(batch[k]), i / self.fps) for k, i in enumerate(idx)]
+        return [(batch[k], i / self.fps) for k, i in enumerate(idx)]
 
 
 class OpenCVReader(VideoReader):
@@ -133,7 +147,7 @@ class OpenCVReader(VideoReader):
         self._next = 0  # index of the frame the next read() returns
         self._check()
 
-    def _frames_at(self, timestamps: list[float]) -> list[Frame]:
+    def _arrays_at(self, timestamps: list[float]) -> list[tuple[np.ndarray, float]]:
         cv2 = self._cv2
         out = []
         for t in timestamps:
@@ -144,7 +158,7 @@ class OpenCVReader(VideoReader):
             if not ok:
                 raise MediaError(f"{self.path}: OpenCV could not decode frame {i} ({t:.2f}s)")
             self._next = i + 1
-            out.append(Frame(Image.fromarray(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)), i / self.fps))
+            out.append((cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), i / self.fps))
         return out
 
     def close(self) -> None:
@@ -172,9 +186,9 @@ class PyAVReader(VideoReader):
         self.height = int(self._stream.codec_context.height)
         self._check()
 
-    def _frames_at(self, timestamps: list[float]) -> list[Frame]:
+    def _arrays_at(self, timestamps: list[float]) -> list[tuple[np.ndarray, float]]:
         wanted = sorted(set(self.index_at(t) for t in timestamps))
-        found: dict[int, Frame] = {}
+        found: dict[int, np.ndarray] = {}
         half = 0.5 / self.fps
         pos = None  # index of the last decoded frame, when decoding sequentially
         decoder = None
@@ -195,8 +209,12 @@ class PyAVReader(VideoReader):
                     break
             if last is None:
                 raise MediaError(f"{self.path}: PyAV could not decode a frame at {target:.2f}s")
-            found[i] = Frame(last.to_image(), i / self.fps)
-        return [found[self.index_at(t)] for t in timestamps]
+            found[i] = last.to_ndarray(format="rgb24")
+        out = []
+        for t in timestamps:
+            i = self.index_at(t)
+            out.append((found[i].copy() if any(o is found[i] for o, _ in out) else found[i], i / self.fps))
+        return out
 
     def close(self) -> None:
         self._container.close()

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import jsonschema
+import numpy as np
 from PIL import Image
 
 
@@ -68,7 +69,10 @@ class VideoSource(Protocol):
     @property
     def fps(self) -> float: ...
 
-    def frames_at(self, timestamps: Sequence[float]) -> list[Frame]: ...
+    def frames_at(self, timestamps: Sequence[float],
+                  annotate: Callable[[np.ndarray, float], None] | None = None) -> list[Frame]:
+        """Frames at ``timestamps`` (seconds); ``annotate(rgb, t)`` may draw on each one first, in place."""
+        ...
 
 
 class ToolContext(Protocol):
@@ -106,14 +110,25 @@ class Tool(abc.ABC):
         """Check ``arguments`` against the JSON schema; raise ToolError with a readable message."""
         if not isinstance(arguments, dict):
             raise ToolError(f"arguments of {self.name} must be a JSON object, got {type(arguments).__name__}")
-        schema = dict(self.parameters)
-        schema.setdefault("additionalProperties", False)
         try:
-            jsonschema.validate(arguments, schema)
-        except jsonschema.ValidationError as exc:
-            where = ".".join(str(p) for p in exc.absolute_path) or "arguments"
-            raise ToolError(f"invalid arguments for {self.name}: {where}: {exc.message}") from None
+            error = jsonschema.exceptions.best_match(self._validator().iter_errors(arguments))
+        except jsonschema.exceptions.SchemaError as exc:  # a bug in the tool, not in the call
+            raise TypeError(f"tool {self.name} has an invalid parameters schema: {exc.message}") from None
+        if error is not None:
+            where = ".".join(str(p) for p in error.absolute_path) or "arguments"
+            raise ToolError(f"invalid arguments for {self.name}: {where}: {error.message}")
         return arguments
+
+    def _validator(self) -> Any:
+        # Checking the schema itself costs more than validating a call: do it once per schema.
+        cached = self.__dict__.get("_validator_cache")
+        if cached is None or cached[0] is not self.parameters:
+            schema = {"additionalProperties": False, **self.parameters}
+            cls = jsonschema.validators.validator_for(schema)
+            cls.check_schema(schema)
+            cached = (self.parameters, cls(schema))
+            self.__dict__["_validator_cache"] = cached
+        return cached[1]
 
     def __call__(self, arguments: Any, context: ToolContext) -> Observation:
         return self.run(self.validate(arguments), context)

@@ -19,9 +19,8 @@ from toolbox.base import Frame, Observation, Tool, ToolContext, ToolError
 from toolbox.registry import register
 
 
-def stamp_time(image: Image.Image, seconds: float) -> Image.Image:
-    """Return a copy of ``image`` with ``"{seconds:.2f}s"`` drawn in its top-left corner."""
-    arr = np.array(image.convert("RGB"))
+def draw_time(arr: np.ndarray, seconds: float) -> None:
+    """Draw ``"{seconds:.2f}s"`` in the top-left corner of an (H, W, 3) RGB array, in place."""
     h = arr.shape[0]
     scale = max(0.3, h / 480.0)
     thickness = max(1, round(scale * 1.5))
@@ -29,6 +28,12 @@ def stamp_time(image: Image.Image, seconds: float) -> Image.Image:
     (tw, th), base = cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, scale, thickness)
     cv2.rectangle(arr, (0, 0), (tw + 4, th + base + 4), (0, 0, 0), thickness=-1)
     cv2.putText(arr, text, (2, th + 2), cv2.FONT_HERSHEY_SIMPLEX, scale, (255, 255, 255), thickness, cv2.LINE_AA)
+
+
+def stamp_time(image: Image.Image, seconds: float) -> Image.Image:
+    """Return a copy of ``image`` with ``"{seconds:.2f}s"`` drawn in its top-left corner."""
+    arr = np.array(image.convert("RGB"))
+    draw_time(arr, seconds)
     return Image.fromarray(arr)
 
 
@@ -47,10 +52,14 @@ class ResampleFrames(Tool):
     )
     timeout_s = 30.0
 
-    def __init__(self, max_frames: int = 8, min_span_s: float = 0.1, draw_timestamps: bool = True) -> None:
+    def __init__(self, max_frames: int = 8, min_span_s: float = 0.1, draw_timestamps: bool = True,
+                 max_pixels: int = 640 * 640) -> None:
         if max_frames < 1:
             raise ValueError("max_frames must be >= 1")
+        if max_pixels < 28 * 28:
+            raise ValueError("max_pixels must be at least 28 * 28")
         self.max_frames = max_frames
+        self.max_pixels = max_pixels
         self.min_span_s = min_span_s
         self.draw_timestamps = draw_timestamps
         self.parameters = {
@@ -93,8 +102,9 @@ class ResampleFrames(Tool):
                 f"the window must be at least {self.min_span_s:.2f}s long with start < end "
                 f"(got start={start:.2f}s, end={end:.2f}s)"
             )
-        frames: list[Frame] = video.frames_at(window_times(start, end, num_frames))
-        images = [stamp_time(f.image, f.timestamp) if self.draw_timestamps else f.image for f in frames]
+        frames: list[Frame] = video.frames_at(window_times(start, end, num_frames),
+                                              annotate=draw_time if self.draw_timestamps else None)
+        images = [_bounded(f.image, self.max_pixels) for f in frames]
         labels = [f"{f.timestamp:.2f}s" for f in frames]
         text = (
             f"Video clip from {start:.2f} to {end:.2f} seconds: {len(frames)} frames at "
@@ -107,3 +117,12 @@ class ResampleFrames(Tool):
             text=text, images=images, image_labels=labels,
             data={"start": start, "end": end, "timestamps": [f.timestamp for f in frames]},
         )
+
+
+
+def _bounded(image: Image.Image, max_pixels: int) -> Image.Image:
+    """Shrink (keeping the aspect ratio) so the image has at most ``max_pixels`` pixels."""
+    if image.width * image.height <= max_pixels:
+        return image
+    scale = math.sqrt(max_pixels / (image.width * image.height))
+    return image.resize((max(1, int(image.width * scale)), max(1, int(image.height * scale))), Image.BILINEAR)
