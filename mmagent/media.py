@@ -312,7 +312,7 @@ class EpisodeMedia:
         self._view_sizes[handle] = (int(size[0]), int(size[1]))
 
     def view_size(self, handle: str) -> tuple[int, int]:
-        key = "video" if _FRAME_HANDLE.match(handle) else handle
+        key = "video" if _FRAME_HANDLE.match(handle.strip()) else handle.strip()
         if key in self._view_sizes:
             return self._view_sizes[key]
         im = self.resolve_image(handle)

@@ -62,9 +62,16 @@ def _reject_constants(token: str) -> float:
     raise ValueError(f"{token} is not valid JSON")
 
 
+def _finite_float(token: str) -> float:
+    value = float(token)
+    if not math.isfinite(value):
+        raise ValueError(f"{token} is out of range")
+    return value
+
+
 def _loads_strict(text: str) -> Any:
-    """json.loads that refuses NaN/Infinity (which Python's json accepts by default)."""
-    return json.loads(text, parse_constant=_reject_constants)
+    """json.loads that refuses NaN/Infinity and overflowing numbers such as 1e999."""
+    return json.loads(text, parse_constant=_reject_constants, parse_float=_finite_float)
 
 
 def parse_tool_call(body: str, tool_names: Sequence[str] | None = None) -> ToolCall | ProtocolError:

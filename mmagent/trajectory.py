@@ -180,4 +180,8 @@ def load_jsonl(path: str | os.PathLike) -> Iterator[Trajectory]:
                 d = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{line_no}: not valid JSON ({exc})") from None
-            yield Trajectory.from_dict(d, base_dir=path.parent)
+            try:
+                traj = Trajectory.from_dict(d, base_dir=path.parent)
+            except (KeyError, TypeError, OSError) as exc:
+                raise ValueError(f"{path}:{line_no}: not a trajectory ({type(exc).__name__}: {exc})") from None
+            yield traj
