@@ -6,11 +6,16 @@ temporary folders once per test session and loaded back with ``from_pretrained``
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-import pytest
+# The suite must never reach a model hub: fail at once instead of retrying for minutes.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from mmagent.tiny import build_tiny_qwen2_5_vl, imprint, write_synthetic_video
+import pytest  # noqa: E402
+
+from mmagent.tiny import build_tiny_qwen2_5_vl, imprint, write_synthetic_video  # noqa: E402
 
 
 @pytest.fixture(scope="session")
