@@ -121,7 +121,7 @@ def cmd_make_tiny(args: argparse.Namespace) -> int:
     # The imprinted model is wider so that what it learns carries over to new questions and videos.
     path = build_tiny_qwen2_5_vl(args.dir, hidden_size=64 if args.no_imprint else 128)
     if not args.no_imprint:
-        print("Teaching the tiny model one scripted episode (about 25 s on 2 CPU cores)...", flush=True)
+        print("Teaching the tiny model one scripted episode (about 40 s on 2 CPU cores)...", flush=True)
         imprint(path)
     print(f"Wrote a tiny Qwen2.5-VL to {path}")
     if args.video:

@@ -14,6 +14,7 @@ end to end (``mmagent make-tiny DIR --imprint``) on a machine without the hub.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -29,6 +30,9 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_s
                   "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"]
 AGENT_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>",
                 "<answer>", "</answer>"]
+
+#: tools whose schemas the tiny tokenizer learns its merges from
+TOKENIZER_TOOLS = ("resample_frames", "zoom", "depth", "segment", "web_search")
 
 #: ChatML with Qwen2-VL's vision placeholders; the same shape as the hub template of Qwen2.5-VL.
 CHAT_TEMPLATE = (
@@ -49,9 +53,10 @@ CHAT_TEMPLATE = (
 
 def _training_corpus() -> list[str]:
     """Text the tiny tokenizer learns merges from: the agent's prompts, tags, numbers and English."""
-    from toolbox import available_tools, create_tool
+    from toolbox import create_tool
 
-    schemas = [create_tool(n).schema() for n in available_tools()]
+    # A fixed list, not available_tools(): the vocabulary must not depend on what happens to be imported.
+    schemas = [create_tool(n).schema() for n in TOKENIZER_TOOLS]
     corpus = [render_system_prompt(schemas)] * 4
     corpus += [json.dumps(s) for s in schemas]
     corpus += [format_tool_call("resample_frames", {"start": s, "end": s + 2.5, "num_frames": 4}) for s in range(40)]
@@ -183,7 +188,7 @@ IMPRINT_TURNS = (
 )
 
 
-def imprint(path: str | os.PathLike, steps: int = 400, lr: float = 3e-3, seed: int = 0, episodes_count: int = 18
+def imprint(path: str | os.PathLike, steps: int = 500, lr: float = 3e-3, seed: int = 0, episodes_count: int = 18
             ) -> Path:
     """Fine-tune the tiny checkpoint at ``path`` in place so that greedy decoding plays IMPRINT_TURNS.
 
@@ -230,11 +235,17 @@ def imprint(path: str | os.PathLike, steps: int = 400, lr: float = 3e-3, seed: i
     tmp.cleanup()
     model = policy.model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    # Linear decay to zero: the last passes settle the memorised turns instead of bouncing around them.
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1.0 - k / steps)
+    losses: list[float] = []
     for step in range(steps):
         inputs, labels = batches[step % len(batches)]
         loss = model(**inputs, labels=labels).loss
+        losses.append(float(loss))
         loss.backward()
         opt.step()
+        schedule.step()
         opt.zero_grad()
     model.eval().save_pretrained(path)
+    logging.getLogger(__name__).info("imprint: mean loss over the last pass %.4f", sum(losses[-len(batches):]) / len(batches))
     return Path(path)
