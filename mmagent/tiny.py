@@ -241,7 +241,7 @@ def imprint(path: str | os.PathLike, steps: int = 500, lr: float = 3e-3, seed: i
     for step in range(steps):
         inputs, labels = batches[step % len(batches)]
         loss = model(**inputs, labels=labels).loss
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         loss.backward()
         opt.step()
         schedule.step()

@@ -11,6 +11,7 @@ This module knows nothing about the agent or the policy (dependencies point agen
 from __future__ import annotations
 
 import abc
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
@@ -136,3 +137,18 @@ class Tool(abc.ABC):
     @abc.abstractmethod
     def run(self, arguments: dict[str, Any], context: ToolContext) -> Observation:
         """Do the work on validated arguments."""
+
+
+def clip_view_box(box: Sequence[float], view_size: tuple[int, int], source: str, name: str = "box"
+                  ) -> tuple[float, float, float, float]:
+    """Check a model-given [x1, y1, x2, y2] in view pixels and clip it to the view; ToolError if unusable."""
+    x1, y1, x2, y2 = (float(v) for v in box)
+    if not all(math.isfinite(v) for v in (x1, y1, x2, y2)):
+        raise ToolError(f"{name} values must be finite numbers")
+    if x2 <= x1 or y2 <= y1:
+        raise ToolError(f"{name} must have x1 < x2 and y1 < y2, got {[x1, y1, x2, y2]}")
+    view_w, view_h = view_size
+    cx1, cy1, cx2, cy2 = max(x1, 0.0), max(y1, 0.0), min(x2, float(view_w)), min(y2, float(view_h))
+    if cx2 <= cx1 or cy2 <= cy1:
+        raise ToolError(f"{name} {[x1, y1, x2, y2]} lies outside the {view_w}x{view_h} view of {source}")
+    return cx1, cy1, cx2, cy2

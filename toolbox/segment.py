@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 from PIL import Image, ImageFilter
 
-from toolbox.base import Observation, Tool, ToolContext, ToolError
+from toolbox.base import Observation, Tool, ToolContext, ToolError, clip_view_box
 from toolbox.model_cache import default_device, shared_model
 from toolbox.registry import register
 
@@ -170,14 +170,7 @@ class Segment(Tool):
 
         box_src = None
         if box is not None:
-            x1, y1, x2, y2 = (float(v) for v in box)
-            if not all(math.isfinite(v) for v in (x1, y1, x2, y2)):
-                raise ToolError("box values must be finite numbers")
-            if x2 <= x1 or y2 <= y1:
-                raise ToolError(f"box must have x1 < x2 and y1 < y2, got {[x1, y1, x2, y2]}")
-            cx1, cy1, cx2, cy2 = max(x1, 0.0), max(y1, 0.0), min(x2, float(view_w)), min(y2, float(view_h))
-            if cx2 <= cx1 or cy2 <= cy1:
-                raise ToolError(f"box {[x1, y1, x2, y2]} lies outside the {view_w}x{view_h} view of {source}")
+            cx1, cy1, cx2, cy2 = clip_view_box(box, (view_w, view_h), source)
             box_src = view_to_source([cx1, cy1, cx2, cy2], (view_w, view_h), src_size)
         points_src = None
         if points is not None:

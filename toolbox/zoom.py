@@ -12,7 +12,7 @@ from typing import Any
 
 from PIL import Image
 
-from toolbox.base import Observation, Tool, ToolContext, ToolError
+from toolbox.base import Observation, Tool, ToolContext, ToolError, clip_view_box
 from toolbox.registry import register
 
 MAX_ASPECT_RATIO = 100.0
@@ -64,14 +64,7 @@ class Zoom(Tool):
         source = arguments.get("source", "image")
         image = context.resolve_image(source)
         view_w, view_h = context.view_size(source)
-        x1, y1, x2, y2 = (float(v) for v in arguments["bbox"])
-        if not all(math.isfinite(v) for v in (x1, y1, x2, y2)):
-            raise ToolError("bbox values must be finite numbers")
-        if x2 <= x1 or y2 <= y1:
-            raise ToolError(f"bbox must have x1 < x2 and y1 < y2, got {[x1, y1, x2, y2]}")
-        cx1, cy1, cx2, cy2 = max(x1, 0.0), max(y1, 0.0), min(x2, float(view_w)), min(y2, float(view_h))
-        if cx2 <= cx1 or cy2 <= cy1:
-            raise ToolError(f"bbox {[x1, y1, x2, y2]} lies outside the {view_w}x{view_h} view of {source}")
+        cx1, cy1, cx2, cy2 = clip_view_box(arguments["bbox"], (view_w, view_h), source, name="bbox")
         sx, sy = image.width / view_w, image.height / view_h
         box = expand_box((cx1 * sx, cy1 * sy, cx2 * sx, cy2 * sy), self.min_side_px, self.pad_ratio,
                          image.width, image.height)
