@@ -83,7 +83,8 @@ class Trajectory:
     # ----- views -----------------------------------------------------------------------------------
     @property
     def tool_calls(self) -> list[ToolCallRecord]:
-        return [t.tool_call for t in self.turns if t.tool_call is not None]
+        """The calls the policy made (tool turns repeat the tool's name in ``tool_call`` but are not calls)."""
+        return [t.tool_call for t in self.turns if t.role == "assistant" and t.tool_call is not None]
 
     @property
     def observations(self) -> list[Observation]:

@@ -294,7 +294,7 @@ def test_segment_through_the_agent_loop(seg, tiny_model_dir, sam_dir):
     result = agent.run("q", image=image)
     traj = result.trajectory
     assert result.answer == "cat" and traj.stop_reason == "answer"
-    assert [c.name for c in traj.tool_calls if c.arguments] == ["segment"]
+    assert [c.name for c in traj.tool_calls] == ["segment"]
     (obs,) = traj.observations
     assert not obs.is_error, obs.text
     assert obs.text.startswith("Segmented image") and len(obs.images) == 1 and obs.images[0].size == (200, 100)

@@ -467,7 +467,7 @@ def test_web_search_in_an_agent_episode(tiny_model_dir):
     traj = result.trajectory
     assert result.answer == "France" and traj.stop_reason == "answer"
     assert [t.role for t in traj.turns] == ["assistant", "tool", "assistant"]
-    assert [(c.name, c.arguments) for c in traj.tool_calls if c.arguments] == [
+    assert [(c.name, c.arguments) for c in traj.tool_calls] == [
         ("web_search", {"query": "city in France capital", "k": 3})]
     (obs,) = traj.observations
     assert not obs.is_error and traj.turns[1].error is None
