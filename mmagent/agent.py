@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from PIL import Image
+from tqdm.auto import tqdm
 
 from mmagent.media import EpisodeMedia, MediaError
 from mmagent.policy.base import MediaBudget, Policy, Session
@@ -124,7 +125,7 @@ class Agent:
         ``info["error"]``) unless ``raise_media_errors``.
         """
         episodes = [_Episode(task, Trajectory(task=task, system_prompt=self.system_prompt)) for task in tasks]
-        bar = _progress(len(episodes), progress)
+        bar = tqdm(total=len(episodes), desc="episodes", unit="ep", disable=not progress or len(episodes) < 2)
         try:
             for k, ep in enumerate(episodes):
                 try:
@@ -255,20 +256,6 @@ class Agent:
 def _notify(on_turn: Callable[[Turn], None] | None, turn: Turn) -> None:
     if on_turn is not None:
         on_turn(turn)
-
-
-class _NoBar:
-    def update(self, n: int) -> None: ...
-
-    def close(self) -> None: ...
-
-
-def _progress(total: int, enabled: bool) -> Any:
-    if not enabled or total < 2:
-        return _NoBar()
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc="episodes", unit="ep")
 
 
 def format_trajectory(traj: Trajectory) -> str:

@@ -204,7 +204,7 @@ class HFPolicy(Policy):
                 video_grid_thw=vision.get("video_grid_thw"), second_per_grid_ts=vision.get("second_per_grid_ts"))
             positions = pos[:, 0] + session.counter
         else:
-            positions = torch.arange(len(ids)).expand(3, -1) + session.counter
+            positions = _text_positions(len(ids), session.counter)
         if int(mm_types[-1]) != 0:
             raise AssertionError("a segment must end with text")
         seg = Segment(ids=ids, mm_types=mm_types, positions=positions, vision=vision)
@@ -219,7 +219,7 @@ class HFPolicy(Policy):
 
     def _text_segment(self, ids: Sequence[int], start: int) -> Segment:
         t = torch.tensor(list(ids), dtype=torch.long)
-        return Segment(ids=t, mm_types=torch.zeros_like(t), positions=torch.arange(len(t)).expand(3, -1) + start)
+        return Segment(ids=t, mm_types=torch.zeros_like(t), positions=_text_positions(len(t), start))
 
     # ----- episode API ----------------------------------------------------------------------------
     def _fit_frames(self, frames: Sequence[Image.Image], fps: float) -> tuple[Any, Any]:
@@ -348,10 +348,8 @@ class HFPolicy(Policy):
             logits = self._forward(session, [self._text_segment([token], start + len(generated) - 1)])
         # Every generated token but the last is in the cache now; the last one goes in with the next segment.
         seg = self._text_segment(generated, start)
-        session.segments.append(seg)
-        session.counter = seg.end_counter
+        self._add(session, seg, policy=True, logprobs=logprobs)
         session.pending = [Segment(seg.ids[-1:], seg.mm_types[-1:], seg.positions[:, -1:])]
-        session._append(generated, policy=True, logprobs=logprobs)
         session.last_token = generated[-1]
         session.turn += 1
         text = self.tokenizer.decode(generated, skip_special_tokens=True)
@@ -365,6 +363,11 @@ class HFPolicy(Policy):
     def full_sequence_inputs(self, session: HFSession) -> dict[str, torch.Tensor]:
         """The whole conversation as one model input (for training and for checking positions)."""
         return concat_segments(session.segments)
+
+
+def _text_positions(n: int, start: int) -> torch.Tensor:
+    """M-RoPE positions of ``n`` text tokens from ``start``: the same index on all three axes."""
+    return torch.arange(start, start + n).expand(3, -1)
 
 
 def concat_segments(segments: Sequence[Segment]) -> dict[str, torch.Tensor]:
