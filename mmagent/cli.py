@@ -1,4 +1,5 @@
-"""The ``mmagent`` command line: ``run`` one question, list ``tools``, build a ``make-tiny`` offline model.
+"""The ``mmagent`` command line: ``run`` one question, list ``tools``, build a ``make-tiny`` offline model,
+build the ``synth`` toy world.
 
 Each subcommand is a small function over the Python API; ``mmagent <command> --help`` documents it.
 """
@@ -129,12 +130,52 @@ def cmd_make_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_synth(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("synth", help="build the toy world: tasks where tools are needed, with oracle episodes",
+                       description="Generate the toy-world benchmark in DIR (video QA, temporal grounding, image "
+                                   "detail QA, geolocation; media made on the spot, nothing downloaded), run the "
+                                   "oracle with and without tools on it, and save the oracle's episodes as SFT data "
+                                   "(DIR/sft/oracle.jsonl).")
+    p.add_argument("dir", help="folder to write (tasks.jsonl, config.json, media/, sft/)")
+    p.add_argument("--per-family", type=int, default=50, help="items of each family (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="the same seed gives the same items (default: %(default)s)")
+    p.add_argument("--families", default="video_qa,grounding,image_qa,geolocation",
+                   help="comma-separated families (default: all four)")
+    p.add_argument("--no-sft", action="store_true", help="skip writing the oracle's episodes")
+    p.set_defaults(func=cmd_synth)
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    from eval.benchmarks import synth
+    from training.synth_data import default_sft_path, write_sft_data
+
+    families = [f.strip() for f in args.families.split(",") if f.strip()]
+    try:
+        tasks = synth.build(args.dir, per_family=args.per_family, seed=args.seed, families=families)
+    except ValueError as exc:
+        return _fail(str(exc))
+    print(f"Wrote {len(tasks)} tasks to {Path(args.dir) / synth.TASKS_FILE}", flush=True)
+    results = {}
+    if not args.no_sft:
+        report = write_sft_data(tasks, default_sft_path(args.dir))
+        results["oracle"] = report["oracle"]
+        print(f"Wrote {report['kept']} of {report['total']} oracle episodes to {report['path']}", flush=True)
+    else:
+        results["oracle"] = synth.evaluate(synth.oracle_agent(tasks), tasks)[2]
+    results["no-tool oracle"] = synth.evaluate(synth.oracle_agent(tasks, use_tools=False), tasks)[2]
+    (Path(args.dir) / "oracle_scores.json").write_text(json.dumps(results, indent=2) + "\n")
+    print("\nScores (1.0 = every answer right; grounding: mean IoU):")
+    print(synth.format_table(results))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mmagent", description="Multimodal agents that think with tools.")
     sub = parser.add_subparsers(title="commands", metavar="<command>")
     _add_run(sub)
     _add_tools(sub)
     _add_make_tiny(sub)
+    _add_synth(sub)
     return parser
 
 

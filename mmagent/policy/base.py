@@ -49,6 +49,37 @@ class MediaBudget:
                 raise ValueError(f"{kind}_min_pixels ({lo}) must be positive and at most {kind}_max_pixels ({hi})")
 
 
+#: pixels per visual token side for Qwen2.5-VL (14-pixel patches, 2x2 merge)
+PATCH_FACTOR = 28
+
+
+def fitted_size(width: int, height: int, min_pixels: int, max_pixels: int,
+                factor: int = PATCH_FACTOR) -> tuple[int, int]:
+    """(width, height) the model sees an image at: qwen-vl-utils' smart_resize within the pixel bounds."""
+    from qwen_vl_utils import smart_resize
+
+    h, w = smart_resize(height, width, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
+    return w, h
+
+
+def fit_image(image: Image.Image, min_pixels: int, max_pixels: int, factor: int = PATCH_FACTOR) -> Image.Image:
+    """``image`` resized as the policy is shown it (qwen-vl-utils ``fetch_image``: RGB, smart_resize, bicubic)."""
+    from qwen_vl_utils import fetch_image
+
+    return fetch_image({"image": image, "min_pixels": min_pixels, "max_pixels": max_pixels},
+                       image_patch_size=factor // 2)
+
+
+def visual_token_count(images: Sequence[Image.Image], min_pixels: int, max_pixels: int,
+                       factor: int = PATCH_FACTOR) -> int:
+    """Visual tokens these images cost once fitted: one per ``factor`` x ``factor`` pixels."""
+    total = 0
+    for im in images:
+        w, h = fitted_size(im.width, im.height, min_pixels, max_pixels, factor)
+        total += (h // factor) * (w // factor)
+    return total
+
+
 @dataclass
 class Generation:
     """One turn of generated text and its tokens."""

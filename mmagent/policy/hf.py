@@ -25,7 +25,8 @@ import torch
 from PIL import Image
 
 from mmagent.media import EpisodeMedia
-from mmagent.policy.base import Generation, MediaBudget, Policy, Session
+from mmagent.policy.base import (Generation, MediaBudget, Policy, Session, fit_image, fitted_size,
+                                 visual_token_count)
 from mmagent.protocol import RESPONSE_CLOSE, RESPONSE_OPEN, STOP_STRINGS
 from toolbox.base import Observation
 
@@ -165,21 +166,11 @@ class HFPolicy(Policy):
 
     # ----- encoding -------------------------------------------------------------------------------
     def _fit_image(self, image: Image.Image, min_pixels: int, max_pixels: int) -> Image.Image:
-        from qwen_vl_utils import fetch_image
-
-        return fetch_image({"image": image, "min_pixels": min_pixels, "max_pixels": max_pixels},
-                           image_patch_size=self.patch_factor // 2)
+        return fit_image(image, min_pixels, max_pixels, self.patch_factor)
 
     def visual_tokens(self, images: Sequence[Image.Image]) -> int:
-        from qwen_vl_utils import smart_resize
-
         b = self.media_budget
-        total = 0
-        for im in images:
-            h, w = smart_resize(im.height, im.width, factor=self.patch_factor,
-                                min_pixels=b.observation_min_pixels, max_pixels=b.observation_max_pixels)
-            total += (h // self.patch_factor) * (w // self.patch_factor)
-        return total
+        return visual_token_count(images, b.observation_min_pixels, b.observation_max_pixels, self.patch_factor)
 
     def _encode(self, session: HFSession, text: str, images: Sequence[Image.Image] = (),
                 videos: Sequence[Any] = (), video_metadata: Sequence[dict] = ()) -> Segment:
@@ -229,13 +220,10 @@ class HFPolicy(Policy):
         the patch factor, which rounds small frames to zero pixels (qwen-vl-utils 0.0.14).
         """
         import numpy as np
-        from qwen_vl_utils import smart_resize
         from transformers.video_utils import VideoMetadata
 
         b = self.media_budget
-        w0, h0 = frames[0].size
-        h, w = smart_resize(h0, w0, factor=self.patch_factor, min_pixels=b.video_min_pixels,
-                            max_pixels=b.video_max_pixels)
+        w, h = fitted_size(*frames[0].size, b.video_min_pixels, b.video_max_pixels, self.patch_factor)
         resized = [f.convert("RGB").resize((w, h), Image.BICUBIC) for f in frames]
         temporal = int(getattr(self.processor.video_processor, "temporal_patch_size", 2))
         resized += [resized[-1]] * (-len(resized) % temporal)  # whole temporal patches, as qwen-vl-utils pads

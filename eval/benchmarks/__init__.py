@@ -1,0 +1,1 @@
+"""Benchmarks, one module each: loader of the dataset's format, prompt, answer parser, metric."""
