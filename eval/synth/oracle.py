@@ -5,7 +5,8 @@ instead of a model, so an oracle episode runs through the real :class:`~mmagent.
 tools run on the item's media and their real observations come back. It sizes every view exactly as the
 transformers policy does (same pixel budget, same resizing), and it *reads its answers out of those
 views* with :mod:`eval.synth.perception` — it knows where to look (the generator's layout) but never
-reads the answer from the ground truth. So:
+reads the answer from the ground truth. Reading text means picking, among the item's candidate texts
+(the options, or the city's name and three same-length decoys), the one the pixels match. So:
 
 * with tools, a right answer proves the tool's observation carried the information (SFT cold-start
   trajectories are these episodes, with ``<think>`` lines saying what was seen);
