@@ -1,5 +1,5 @@
 """The ``mmagent`` command line: ``run`` one question, list ``tools``, build a ``make-tiny`` offline model,
-build the ``synth`` toy world.
+build the ``synth`` toy world, ``eval`` a model on it, ``train`` a policy.
 
 Each subcommand is a small function over the Python API; ``mmagent <command> --help`` documents it.
 """
@@ -7,6 +7,7 @@ Each subcommand is a small function over the Python API; ``mmagent <command> --h
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -18,15 +19,18 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
                        description="Answer one question about a video or an image. The agent reasons, calls "
                                    "tools, sees their images and answers; every step is printed.")
     p.add_argument("question", help="the question, in quotes")
-    p.add_argument("--model", required=True, help="hub id (e.g. Qwen/Qwen2.5-VL-7B-Instruct) or a local folder")
+    p.add_argument("--model", help="hub id (e.g. Qwen/Qwen2.5-VL-7B-Instruct) or a local folder; default: the "
+                                   "built-in tiny model, trained on the toy world only")
     media = p.add_mutually_exclusive_group(required=True)
     media.add_argument("--video", help="path of a video file")
     media.add_argument("--image", help="path of an image file")
-    p.add_argument("--tools", default="resample_frames,zoom",
-                   help="comma-separated tool names (see `mmagent tools`); default: %(default)s")
+    p.add_argument("--options", nargs="+", metavar="OPTION", help='answer options, e.g. --options "A. red" "B. blue"')
+    p.add_argument("--tools", help="comma-separated tool names (see `mmagent tools`); default: the ones the model "
+                                   "was trained with, else resample_frames,zoom")
     p.add_argument("--max-turns", type=int, default=6, help="policy turns before stopping (default: %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=512, help="new tokens per turn (default: %(default)s)")
-    p.add_argument("--frames", type=int, default=16, help="video frames in the first prompt (default: %(default)s)")
+    p.add_argument("--frames", type=int, help="video frames in the first prompt (default: the model's trained "
+                                               "budget, else 16)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
@@ -45,18 +49,32 @@ def cmd_run(args: argparse.Namespace) -> int:
         path = getattr(args, kind)
         if path is not None and not Path(path).is_file():
             return _fail(f"{kind} not found: {path}")
-    tools = [t.strip() for t in args.tools.split(",") if t.strip()]
     try:
-        agent = Agent.from_pretrained(args.model, tools=tools, device=args.device, temperature=args.temperature,
+        model = args.model
+        if model is None:
+            from mmagent.default_model import LABEL, default_model_path
+
+            model = str(default_model_path())
+            if not args.json:
+                print(f"Model: {LABEL}", flush=True)
+        saved = _saved_policy_record(model)
+        names = args.tools or ",".join(saved.get("tools", ["resample_frames", "zoom"]))
+        tools = [t.strip() for t in names.split(",") if t.strip()]
+        budget = None
+        if args.frames is not None:
+            base = MediaBudget(**saved["media_budget"]) if "media_budget" in saved else MediaBudget()
+            budget = dataclasses.replace(base, video_frames=args.frames)
+        agent = Agent.from_pretrained(model, tools=tools, device=args.device, temperature=args.temperature,
                                       budgets=Budgets(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens),
-                                      media_budget=MediaBudget(video_frames=args.frames))
+                                      media_budget=budget)
     except (OSError, KeyError, ValueError) as exc:
         return _fail(str(exc).strip("'\""))
     show = None if args.json else (lambda turn: print(format_turn(turn), flush=True))
     if show:
         print(f"Question: {args.question}", flush=True)
     try:
-        result = agent.run(args.question, video=args.video, image=args.image, seed=args.seed, on_turn=show)
+        result = agent.run(args.question, video=args.video, image=args.image, options=args.options, seed=args.seed,
+                           on_turn=show)
     except MediaError as exc:
         return _fail(str(exc))
     traj = result.trajectory
@@ -70,6 +88,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.save:
             print(f"Saved to {args.save}")
     return 0
+
+
+def _saved_policy_record(model: str) -> dict:
+    """``mmagent.json`` of a local trained folder (pixel budget, tools), or {} for hub ids and plain folders."""
+    from mmagent.policy.hf import POLICY_FILE
+
+    path = Path(model).expanduser() / POLICY_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def trajectory_summary(traj) -> dict:
@@ -169,6 +195,82 @@ def cmd_synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_eval(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="score a model on a benchmark (now: synth, the toy world)",
+                       description="Run a model on a benchmark folder and print its scores as a Markdown table. "
+                                   "Build the toy world first: `mmagent synth ./toy`.")
+    p.add_argument("--bench", required=True, choices=["synth"], help="benchmark name")
+    p.add_argument("--data-dir", required=True, help="the benchmark's folder")
+    p.add_argument("--model", help="hub id or local folder; default: the built-in toy-world model")
+    p.add_argument("--limit", type=int, help="first N items of each family")
+    p.add_argument("--families", help="comma-separated families (default: all)")
+    p.add_argument("--no-tools", action="store_true", help="offer the model no tools")
+    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cpu)")
+    p.add_argument("--out", metavar="FILE.json", help="also write the scores here")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_eval)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from eval.benchmarks import synth
+
+    families = [f.strip() for f in args.families.split(",")] if args.families else None
+    try:
+        tasks = synth.load(args.data_dir, families=families, limit=args.limit)
+        if args.model is None:
+            from mmagent.default_model import default_model_path
+
+            args.model = str(default_model_path())
+        agent = synth.model_agent(args.model, use_tools=not args.no_tools, device=args.device)
+    except (synth.DatasetError, OSError, ValueError) as exc:
+        return _fail(str(exc))
+    _, _, summary = synth.evaluate(agent, tasks, progress=not args.quiet)
+    name = Path(args.model)
+    label = str(name.parent.name if name.name == "final" and name.parent.name else name.name or args.model)
+    print(synth.format_table({label: summary}))
+    if args.out:
+        Path(args.out).write_text(json.dumps({"model": args.model, "bench": args.bench, "scores": summary},
+                                             indent=2) + "\n")
+    return 0
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train a policy: sft (cold start) or rl (GRPO / DGRPO)",
+                       description="Train a policy. `mmagent train sft --config training/configs/sft_synth.yaml` "
+                                   "fine-tunes on trajectories; `mmagent train rl --config "
+                                   "training/configs/rl_synth.yaml` runs GRPO/DGRPO over live rollouts. "
+                                   "Any config key can be overridden as key=value (nested: advantage.mode=grpo). "
+                                   "For several processes run the same command under `accelerate launch`.")
+    p.add_argument("stage", choices=["sft", "rl"], help="which trainer")
+    p.add_argument("--config", help="YAML file of the stage's config (see training/configs/)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config values to set")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_train)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from training.config import ConfigError, load_config
+
+    if args.stage == "sft":
+        from training.sft import SFTConfig as Config, train_sft as train
+    else:
+        from training.rl import RLConfig as Config, train_rl as train  # type: ignore[assignment]
+    try:
+        cfg = load_config(Config, args.config, args.overrides)
+        if not cfg.model:
+            raise ConfigError("set model: a hub id or a local folder (in the config or as model=...)")
+        summary = train(cfg, progress=not args.quiet)
+    except (ConfigError, FileNotFoundError, ValueError, OSError) as exc:
+        return _fail(str(exc))
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():  # under `accelerate launch`
+            dist.destroy_process_group()
+    print(json.dumps({k: v for k, v in summary.items() if k != "history"}, indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mmagent", description="Multimodal agents that think with tools.")
     sub = parser.add_subparsers(title="commands", metavar="<command>")
@@ -176,6 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tools(sub)
     _add_make_tiny(sub)
     _add_synth(sub)
+    _add_eval(sub)
+    _add_train(sub)
     return parser
 
 
@@ -186,7 +290,14 @@ def _fail(message: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # `train` takes key=value overrides anywhere after its stage (argparse alone would refuse them after --config).
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        is_train = getattr(args, "func", None) is cmd_train
+        bad = [x for x in extra if x.startswith("-") or "=" not in x] if is_train else extra
+        if bad:
+            parser.error(f"unrecognized arguments: {' '.join(bad)}")
+        args.overrides = list(args.overrides) + extra
     if not hasattr(args, "func"):
         parser.print_help()
         return 0

@@ -70,3 +70,14 @@ def test_make_tiny_writes_a_loadable_model_and_a_video(tmp_path):
     # a random model rarely produces a valid action: the episode ends on the turn budget, with error notes
     assert out.returncode == 0, out.stderr
     assert "Answer:" in out.stdout and "[stop:" in out.stdout
+
+
+def test_train_takes_overrides_after_the_config_and_refuses_typos():
+    out = _mmagent("train", "sft", "--config", "sft_synth", "model=./m", "stepz=3")
+    assert out.returncode == 2 and "unknown key 'stepz'" in out.stderr and "known: model" in out.stderr
+    out = _mmagent("train", "rl", "--config", "rl_synth")
+    assert out.returncode == 2 and "set model" in out.stderr
+    out = _mmagent("train", "sft", "--config", "sft_synth", "--epochs", "3")
+    assert out.returncode == 2 and "unrecognized arguments: --epochs 3" in out.stderr
+    out = _mmagent("train", "sft", "--config", "no_such_config")
+    assert out.returncode == 2 and "shipped configs: rl_synth, sft_synth" in out.stderr

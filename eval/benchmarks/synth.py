@@ -33,7 +33,7 @@ TASKS_FILE, CONFIG_FILE, MEDIA_DIR = "tasks.jsonl", "config.json", "media"
 #: turns an episode gets (the oracle needs at most five: four probes and the answer)
 MAX_TURNS = 6
 
-__all__ = ["build", "load", "evaluate", "oracle_agent", "score_answer", "summarise", "format_table",
+__all__ = ["build", "load", "evaluate", "oracle_agent", "model_agent", "score_answer", "summarise", "format_table",
            "SynthConfig", "FAMILIES", "SYNTH_TOOLS", "DatasetError"]
 
 
@@ -125,10 +125,31 @@ def load(data_dir: str | os.PathLike, families: Sequence[str] | None = None, lim
     return tasks
 
 
-def oracle_agent(tasks: Sequence[Task], use_tools: bool = True, config: SynthConfig | None = None) -> Agent:
-    """An agent whose policy is the toy world's oracle (see :mod:`eval.synth.oracle`)."""
-    return Agent(OraclePolicy(tasks, config=config, use_tools=use_tools), tools=list(SYNTH_TOOLS),
+def oracle_agent(tasks: Sequence[Task], use_tools: bool = True, config: SynthConfig | None = None,
+                 offer_tools: bool = True) -> Agent:
+    """An agent whose policy is the toy world's oracle (see :mod:`eval.synth.oracle`).
+
+    The no-tool oracle (``use_tools=False``) still sees the tools in its prompt unless ``offer_tools`` is
+    False (then its episodes are SFT data for a policy that is run without tools).
+    """
+    tools = list(SYNTH_TOOLS) if offer_tools else []
+    return Agent(OraclePolicy(tasks, config=config, use_tools=use_tools), tools=tools,
                  budgets=Budgets(max_turns=MAX_TURNS))
+
+
+def model_agent(model: str, use_tools: bool = True, device: str | None = None, max_new_tokens: int = 160,
+                temperature: float = 0.0, config: SynthConfig | None = None) -> Agent:
+    """An agent over a transformers checkpoint with the toy world's tools (none if not ``use_tools``), turn
+    limit and pixel budget."""
+    import torch
+
+    from mmagent.policy.hf import HFPolicy, SamplingConfig
+
+    policy = HFPolicy.from_pretrained(model, device=device or "cpu", dtype=torch.float32,
+                                      media_budget=(config or SynthConfig()).media_budget(),
+                                      sampling=SamplingConfig(temperature=temperature))
+    return Agent(policy, tools=list(SYNTH_TOOLS) if use_tools else [],
+                 budgets=Budgets(max_turns=MAX_TURNS, max_new_tokens=max_new_tokens))
 
 
 def evaluate(agent: Agent, tasks: Sequence[Task], progress: bool = True, seed: int = 0, batch_size: int = 32

@@ -16,9 +16,11 @@ suite checks this equals ``get_rope_index`` over the whole sequence.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, Sequence
 
 import torch
@@ -115,6 +117,18 @@ class Sampler:
         return int(torch.multinomial(probs, 1, generator=session.rng))
 
 
+#: written next to a trained checkpoint: what the policy was trained with (pixel budget, tools)
+POLICY_FILE = "mmagent.json"
+
+
+def saved_media_budget(folder: str | os.PathLike) -> MediaBudget | None:
+    """The pixel budget recorded in ``folder/mmagent.json``, or None (no such file: a hub id, say)."""
+    path = Path(folder) / POLICY_FILE
+    if not path.is_file():
+        return None
+    return MediaBudget(**json.loads(path.read_text())["media_budget"])
+
+
 class HFPolicy(Policy):
     """A transformers image-text-to-text model as the agent's policy."""
 
@@ -143,7 +157,11 @@ class HFPolicy(Policy):
     @classmethod
     def from_pretrained(cls, name_or_path: str, device: str | None = None, dtype: str | torch.dtype = "auto",
                         **kwargs: Any) -> "HFPolicy":
-        """Load ``name_or_path`` (a hub id such as ``Qwen/Qwen2.5-VL-7B-Instruct`` or a local folder)."""
+        """Load ``name_or_path`` (a hub id such as ``Qwen/Qwen2.5-VL-7B-Instruct`` or a local folder).
+
+        A folder written by mmagent's trainers holds ``mmagent.json`` with the pixel budget it was trained
+        at; that budget is used unless ``media_budget`` is given.
+        """
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -158,6 +176,8 @@ class HFPolicy(Policy):
         except OSError as exc:
             raise OSError(f"could not load model {name_or_path!r}: {exc}\nPass a hub id you can download, or a "
                           "local folder saved with save_pretrained (try `mmagent make-tiny ./tiny-qwen`).") from exc
+        if kwargs.get("media_budget") is None:
+            kwargs["media_budget"] = saved_media_budget(name_or_path)
         return cls(model.to(device), processor, **kwargs)
 
     @property
@@ -334,15 +354,20 @@ class HFPolicy(Policy):
                 truncated = True
                 break
             logits = self._forward(session, [self._text_segment([token], start + len(generated) - 1)])
-        # Every generated token but the last is in the cache now; the last one goes in with the next segment.
-        seg = self._text_segment(generated, start)
-        self._add(session, seg, policy=True, logprobs=logprobs)
-        session.pending = [Segment(seg.ids[-1:], seg.mm_types[-1:], seg.positions[:, -1:])]
-        session.last_token = generated[-1]
-        session.turn += 1
+        self.append_turn(session, generated, logprobs)
         text = self.tokenizer.decode(generated, skip_special_tokens=True)
         return Generation(text=text, token_ids=generated, logprobs=logprobs, truncated=truncated,
                           prefill_tokens=prefilled, seconds=time.perf_counter() - t0)
+
+    def append_turn(self, session: HFSession, ids: Sequence[int], logprobs: Sequence[float] | None = None) -> None:
+        """Append a policy turn's tokens to the session as generation does (also how training re-encodes
+        an episode without generating). The last token is not in the cache yet: it goes in with the next
+        segment."""
+        seg = self._text_segment(ids, session.counter)
+        self._add(session, seg, policy=True, logprobs=logprobs)
+        session.pending = [Segment(seg.ids[-1:], seg.mm_types[-1:], seg.positions[:, -1:])]
+        session.last_token = int(ids[-1])
+        session.turn += 1
 
     def generate(self, sessions: Sequence[HFSession], max_new_tokens: int) -> list[Generation]:
         # One session after another: each has its own cache. Batched decoding is the vLLM backend's job.

@@ -1,0 +1,49 @@
+"""`mmagent eval --bench synth` as a user runs it, and what `run`/`eval` say when the built-in model is absent."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from eval.benchmarks import synth
+from mmagent.default_model import DEFAULT_MODEL_DIR
+
+
+def _mmagent(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mmagent", *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("toy-eval")
+    synth.build(root, per_family=1, seed=1, progress=False)
+    return root
+
+
+def test_eval_synth_prints_the_table_and_writes_the_scores(toy: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
+    out = _mmagent("eval", "--bench", "synth", "--data-dir", str(toy), "--model", str(tiny_model_dir), "--device",
+                   "cpu", "--quiet", "--out", str(tmp_path / "scores.json"))
+    assert out.returncode == 0, out.stderr
+    assert "| video_qa | 1 |" in out.stdout and "| overall | 4 |" in out.stdout
+    saved = json.loads((tmp_path / "scores.json").read_text())
+    assert saved["bench"] == "synth" and set(saved["scores"]) == {*synth.FAMILIES, "overall"}
+    # a random model answers nothing right
+    assert saved["scores"]["overall"]["score"] == 0.0
+
+
+def test_eval_reports_a_missing_folder_and_unknown_benchmarks(tmp_path: Path) -> None:
+    out = _mmagent("eval", "--bench", "synth", "--data-dir", str(tmp_path / "nope"), "--model", "m")
+    assert out.returncode == 2 and "mmagent synth" in out.stderr
+    out = _mmagent("eval", "--bench", "mmmu", "--data-dir", str(tmp_path))
+    assert out.returncode == 2 and "invalid choice: 'mmmu'" in out.stderr
+
+
+@pytest.mark.skipif((DEFAULT_MODEL_DIR / "config.json").is_file(), reason="the built-in model is installed")
+def test_run_without_a_model_says_how_to_get_the_builtin_one(video_path: Path) -> None:
+    out = _mmagent("run", "--video", str(video_path), "What colour is the screen?")
+    assert out.returncode == 2
+    assert "built-in model is missing" in out.stderr and "training.recipes.toy_world" in out.stderr
