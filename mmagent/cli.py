@@ -43,6 +43,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from mmagent.agent import Agent, Budgets, format_turn
     from mmagent.media import MediaError
     from mmagent.policy.base import MediaBudget
+    from mmagent.policy.hf import saved_media_budget, saved_policy_record
     from mmagent.trajectory import save_jsonl
 
     for kind in ("video", "image"):
@@ -57,13 +58,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             model = str(default_model_path())
             if not args.json:
                 print(f"Model: {LABEL}", flush=True)
-        saved = _saved_policy_record(model)
-        names = args.tools or ",".join(saved.get("tools", ["resample_frames", "zoom"]))
+        names = args.tools or ",".join(saved_policy_record(model).get("tools", ["resample_frames", "zoom"]))
         tools = [t.strip() for t in names.split(",") if t.strip()]
         budget = None
         if args.frames is not None:
-            base = MediaBudget(**saved["media_budget"]) if "media_budget" in saved else MediaBudget()
-            budget = dataclasses.replace(base, video_frames=args.frames)
+            budget = dataclasses.replace(saved_media_budget(model) or MediaBudget(), video_frames=args.frames)
         agent = Agent.from_pretrained(model, tools=tools, device=args.device, temperature=args.temperature,
                                       budgets=Budgets(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens),
                                       media_budget=budget)
@@ -88,14 +87,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.save:
             print(f"Saved to {args.save}")
     return 0
-
-
-def _saved_policy_record(model: str) -> dict:
-    """``mmagent.json`` of a local trained folder (pixel budget, tools), or {} for hub ids and plain folders."""
-    from mmagent.policy.hf import POLICY_FILE
-
-    path = Path(model).expanduser() / POLICY_FILE
-    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def trajectory_summary(traj) -> dict:

@@ -24,17 +24,17 @@ from typing import Any, Sequence
 import numpy as np
 
 
-def _std(values: Sequence[float]) -> float:
-    return float(np.std(np.asarray(values, dtype=float)))
+def is_zero_variance(rewards: Sequence[float]) -> bool:
+    """True when a group's rewards are all equal: it says nothing about which rollout was better."""
+    return float(np.std(np.asarray(rewards, dtype=float))) < 1e-8
 
 
 def group_advantages(rewards: Sequence[float], eps: float = 1e-6) -> list[float]:
     """(r - mean) / (std + eps) within one group; all zeros when the rewards are equal."""
+    if is_zero_variance(rewards):
+        return [0.0] * len(rewards)
     r = np.asarray(rewards, dtype=float)
-    std = float(r.std())
-    if std < 1e-8:
-        return [0.0] * len(r)
-    return ((r - r.mean()) / (std + eps)).tolist()
+    return ((r - r.mean()) / (r.std() + eps)).tolist()
 
 
 @dataclass
@@ -98,7 +98,7 @@ def compute_advantages(groups: Sequence[Any], tracker: DifficultyTracker, cfg: A
     for g in groups:
         rewards, successes = _get(g, "rewards"), _get(g, "successes")
         adv = group_advantages(rewards, cfg.eps)
-        is_zero = _std(rewards) < 1e-8
+        is_zero = is_zero_variance(rewards)
         if cfg.mode == "dgrpo" and not is_zero:
             d_g = float(np.clip(1.0 - np.mean(successes), 0.0, 1.0))
             scale = (1.0 + d_g) / 2.0 * task_weight[_get(g, "family")]

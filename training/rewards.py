@@ -23,9 +23,6 @@ from dataclasses import dataclass, field
 
 from mmagent.trajectory import Trajectory
 
-TOY_TYPES = ("video_qa", "grounding", "image_qa", "geolocation")
-
-
 @dataclass
 class RewardConfig:
     #: weight of the format term
@@ -82,13 +79,13 @@ def task_reward(traj: Trajectory, cfg: RewardConfig | None = None) -> float:
     if answer is None or len(answer) > cfg.max_answer_chars:
         return 0.0
     task = traj.task
-    if task.task_type in TOY_TYPES and "family" in task.metadata:
+    if "family" in task.metadata:
+        from eval.synth.families import FAMILIES
         from eval.synth.scoring import score_answer
 
-        parts = score_answer(task, answer)
-        if task.task_type == "geolocation":
-            return geolocation_reward(parts, cfg)
-        return float(parts["score"])
+        if task.task_type in FAMILIES:  # a toy-world task: its benchmark's own scoring
+            parts = score_answer(task, answer)
+            return geolocation_reward(parts, cfg) if task.task_type == "geolocation" else float(parts["score"])
     if task.options and isinstance(task.answer, str):
         from eval.metrics import extract_option_letter
 

@@ -42,7 +42,7 @@ from training.advantages import AdvantageConfig, DifficultyTracker, compute_adva
 from training.common import (LoraSettings, finish_logging, latest_checkpoint, load_checkpoint, load_policy,
                              make_trainable, param_fingerprint, save_checkpoint, save_final, trainable_parameters)
 from training.encode import encode_trajectory, forward_logits, next_token_targets
-from training.losses import policy_loss, token_logprobs
+from training.losses import AGGREGATIONS, policy_loss, token_logprobs
 from training.rewards import RewardConfig, reward_parts
 
 #: tool calls per episode below which the log warns that tool use is collapsing (if the run began above it)
@@ -94,8 +94,8 @@ class RLConfig:
                 setattr(self, name, kind(**getattr(self, name)))
         if self.group_size < 2:
             raise ValueError("group_size must be at least 2: advantages compare rollouts of the same prompt")
-        if self.aggregation not in ("grpo", "dapo", "dr_grpo", "bnpo"):
-            raise ValueError(f"unknown aggregation {self.aggregation!r}; use grpo, dapo, dr_grpo or bnpo")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"unknown aggregation {self.aggregation!r}; use {', '.join(AGGREGATIONS)}")
 
 
 def load_tasks(data: str, families: Sequence[str] | None = None) -> list[Task]:
@@ -107,6 +107,16 @@ def load_tasks(data: str, families: Sequence[str] | None = None) -> list[Task]:
     return tasks
 
 
+def _policy_tokens(traj: Trajectory) -> int:
+    return max(1, sum(traj.response_mask))
+
+
+def batch_totals(trajs: Sequence[Trajectory]) -> tuple[int, int, int]:
+    """(episodes, policy tokens, longest response) of a batch, the quantities the aggregations divide by."""
+    return (len(trajs), sum(_policy_tokens(t) for t in trajs),
+            max((len(t.response_mask) for t in trajs), default=1))
+
+
 def episode_weights(trajs: Sequence[Trajectory], aggregation: str,
                     totals: tuple[int, int, int] | None = None, world: int = 1) -> list[float]:
     """Per-episode weights on each episode's mean token loss so the sum is the batch aggregation.
@@ -115,8 +125,8 @@ def episode_weights(trajs: Sequence[Trajectory], aggregation: str,
     ``world`` processes whose gradients the engine averages (so each weight is multiplied by ``world``);
     ``bnpo`` normalises by this process's own tokens only.
     """
-    counts = [max(1, sum(t.response_mask)) for t in trajs]
-    local = (len(trajs), sum(counts), max((len(t.response_mask) for t in trajs), default=1))
+    counts = [_policy_tokens(t) for t in trajs]
+    local = batch_totals(trajs)
     n, tokens, longest = totals or local
     if aggregation == "grpo":  # mean over each sequence, then over sequences
         return [world / n] * len(trajs)
@@ -242,9 +252,7 @@ def _update(cfg: RLConfig, policy: Any, model: torch.nn.Module, optimizer: Any,
     gradients themselves even though zero-variance groups leave ranks with different episode counts.
     """
     trajs = [t for t, _ in kept]
-    counts = [max(1, sum(t.response_mask)) for t in trajs]
-    local = torch.tensor([len(trajs), sum(counts), max((len(t.response_mask) for t in trajs), default=1)],
-                         device=accelerator.device)
+    local = torch.tensor(batch_totals(trajs), device=accelerator.device)
     gathered = accelerator.gather(local[None]).reshape(-1, 3)
     n_total, n_max = int(gathered[:, 0].sum()), int(gathered[:, 0].max())
     stats: dict[str, list[float]] = {"loss": [], "clip_frac": [], "kl": []}

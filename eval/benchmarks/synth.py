@@ -143,13 +143,10 @@ def model_agent(model: str, use_tools: bool = True, device: str | None = None, m
     limit and pixel budget."""
     import torch
 
-    from mmagent.policy.hf import HFPolicy, SamplingConfig
-
-    policy = HFPolicy.from_pretrained(model, device=device or "cpu", dtype=torch.float32,
-                                      media_budget=(config or SynthConfig()).media_budget(),
-                                      sampling=SamplingConfig(temperature=temperature))
-    return Agent(policy, tools=list(SYNTH_TOOLS) if use_tools else [],
-                 budgets=Budgets(max_turns=MAX_TURNS, max_new_tokens=max_new_tokens))
+    return Agent.from_pretrained(model, tools=list(SYNTH_TOOLS) if use_tools else [],
+                                 budgets=Budgets(max_turns=MAX_TURNS, max_new_tokens=max_new_tokens),
+                                 media_budget=(config or SynthConfig()).media_budget(), temperature=temperature,
+                                 device=device or "cpu", dtype=torch.float32)
 
 
 def evaluate(agent: Agent, tasks: Sequence[Task], progress: bool = True, seed: int = 0, batch_size: int = 32

@@ -121,12 +121,16 @@ class Sampler:
 POLICY_FILE = "mmagent.json"
 
 
+def saved_policy_record(folder: str | os.PathLike) -> dict[str, Any]:
+    """``folder/mmagent.json`` (pixel budget, tools, how it was trained), or {} (a hub id, a plain folder)."""
+    path = Path(folder).expanduser() / POLICY_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def saved_media_budget(folder: str | os.PathLike) -> MediaBudget | None:
-    """The pixel budget recorded in ``folder/mmagent.json``, or None (no such file: a hub id, say)."""
-    path = Path(folder) / POLICY_FILE
-    if not path.is_file():
-        return None
-    return MediaBudget(**json.loads(path.read_text())["media_budget"])
+    """The pixel budget recorded in ``folder/mmagent.json``, or None."""
+    record = saved_policy_record(folder)
+    return MediaBudget(**record["media_budget"]) if "media_budget" in record else None
 
 
 class HFPolicy(Policy):

@@ -23,7 +23,7 @@ import json
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -49,7 +49,6 @@ class RecipeSizes:
     max_new_tokens: int = 112
     #: test items of each family that are evaluated
     eval_per_family: int = 10
-    extra_sft: dict[str, Any] = field(default_factory=dict)
 
 
 QUICK = RecipeSizes(train_per_family=3, test_per_family=2, hidden_size=64, num_layers=2, sft_epochs=1, rl_steps=2,
@@ -100,7 +99,7 @@ def run_recipe(out: str | Path, sizes: RecipeSizes | None = None, device: str = 
     def sft(name: str, data_path: Path) -> Callable[[], None]:
         cfg = SFTConfig(model=str(out / "base"), data=[str(data_path)], output_dir=str(out / name),
                         epochs=sizes.sft_epochs, lr=sizes.sft_lr, warmup_steps=10, grad_accum=4, freeze_vision=False,
-                        save_every=100, device=device, **sizes.extra_sft)
+                        save_every=100, device=device)
         return lambda: train_sft(cfg, progress=progress)
 
     _stage(out, "sft", out / "sft" / "final" / "config.json", sft("sft", sft_tools), timings)
