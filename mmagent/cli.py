@@ -24,7 +24,8 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     media = p.add_mutually_exclusive_group(required=True)
     media.add_argument("--video", help="path of a video file")
     media.add_argument("--image", help="path of an image file")
-    p.add_argument("--options", nargs="+", metavar="OPTION", help='answer options, e.g. --options "A. red" "B. blue"')
+    p.add_argument("--option", action="append", dest="options", metavar="TEXT",
+                   help='an answer option; repeat it: --option "A. red" --option "B. blue"')
     p.add_argument("--tools", help="comma-separated tool names (see `mmagent tools`); default: the ones the model "
                                    "was trained with, else resample_frames,zoom")
     p.add_argument("--max-turns", type=int, default=6, help="policy turns before stopping (default: %(default)s)")

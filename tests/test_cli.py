@@ -81,3 +81,12 @@ def test_train_takes_overrides_after_the_config_and_refuses_typos():
     assert out.returncode == 2 and "unrecognized arguments: --epochs 3" in out.stderr
     out = _mmagent("train", "sft", "--config", "no_such_config")
     assert out.returncode == 2 and "shipped configs: rl_synth, sft_synth" in out.stderr
+
+
+def test_run_passes_answer_options_to_the_prompt(imprinted_model_dir, video_path, tmp_path):
+    saved = tmp_path / "runs.jsonl"
+    out = _mmagent("run", "--model", str(imprinted_model_dir), "--video", str(video_path), "--device", "cpu",
+                   "--option", "A. red", "--option", "B. blue", "--save", str(saved), "What colour is it?")
+    assert out.returncode == 0, out.stderr
+    (traj,) = load_jsonl(saved)
+    assert traj.task.options == ["A. red", "B. blue"] and "B. blue" in traj.user_prompt
