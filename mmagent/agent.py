@@ -116,20 +116,24 @@ class Agent:
                               seed=seed, on_turn=on_turn, progress=False, raise_media_errors=True)[0]
         return RunResult(traj.answer, traj)
 
-    def run_batch(self, tasks: Sequence[Task], seed: int = 0, progress: bool = True,
+    def run_batch(self, tasks: Sequence[Task], seed: int | Sequence[int] = 0, progress: bool = True,
                   on_turn: Callable[[Turn], None] | None = None, raise_media_errors: bool = False,
                   images: dict[int, Image.Image] | None = None) -> list[Trajectory]:
         """Run many episodes at once; returns one trajectory per task, in order.
 
         An episode whose media cannot be opened ends with ``stop_reason == "error"`` (and the reason in
-        ``info["error"]``) unless ``raise_media_errors``.
+        ``info["error"]``) unless ``raise_media_errors``. ``seed`` is the first episode's seed (the k-th
+        gets ``seed + k``) or one seed per task, so that an episode's seed need not depend on its batch.
         """
+        seeds = [seed + k for k in range(len(tasks))] if isinstance(seed, int) else [int(s) for s in seed]
+        if len(seeds) != len(tasks):
+            raise ValueError(f"{len(tasks)} tasks but {len(seeds)} seeds")
         episodes = [_Episode(task, Trajectory(task=task, system_prompt=self.system_prompt)) for task in tasks]
         bar = tqdm(total=len(episodes), desc="episodes", unit="ep", disable=not progress or len(episodes) < 2)
         try:
             for k, ep in enumerate(episodes):
                 try:
-                    self._start(ep, (images or {}).get(k), seed + k)
+                    self._start(ep, (images or {}).get(k), seeds[k])
                 except (MediaError, ToolError, OSError, ValueError) as exc:
                     if raise_media_errors:
                         raise MediaError(str(exc)) from exc
@@ -173,7 +177,7 @@ class Agent:
             ep.turns += 1
             parsed = parse_turn(gen.text, list(self.tools), truncated=gen.truncated)
             action = parsed.action
-            turn = Turn(role="assistant", text=gen.text, num_tokens=len(gen.token_ids),
+            turn = Turn(role="assistant", text=gen.text, num_tokens=gen.num_tokens,
                         prefill_tokens=gen.prefill_tokens, seconds=gen.seconds)
             ep.trajectory.turns.append(turn)
             if isinstance(action, ToolCall):
@@ -233,7 +237,7 @@ class Agent:
         turn.num_tokens = self.policy.observe(session, obs)
         ep.trajectory.turns.append(turn)
         _notify(on_turn, turn)
-        if len(session.token_ids) + b.max_new_tokens > b.max_context_tokens:
+        if session.num_tokens + b.max_new_tokens > b.max_context_tokens:
             self._finish(ep, "max_tokens")
 
     def _finish(self, ep: _Episode, reason: str, error: str | None = None) -> None:

@@ -1,5 +1,5 @@
 """The ``mmagent`` command line: ``run`` one question, list ``tools``, build a ``make-tiny`` offline model,
-build the ``synth`` toy world, ``eval`` a model on it, ``train`` a policy.
+build the ``synth`` toy world, ``eval`` a model on a benchmark, ``serve`` it over HTTP, ``train`` a policy.
 
 Each subcommand is a small function over the Python API; ``mmagent <command> --help`` documents it.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -188,41 +189,192 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 
 def _add_eval(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("eval", help="score a model on a benchmark (now: synth, the toy world)",
-                       description="Run a model on a benchmark folder and print its scores as a Markdown table. "
-                                   "Build the toy world first: `mmagent synth ./toy`.")
-    p.add_argument("--bench", required=True, choices=["synth"], help="benchmark name")
-    p.add_argument("--data-dir", required=True, help="the benchmark's folder")
-    p.add_argument("--model", help="hub id or local folder; default: the built-in toy-world model")
-    p.add_argument("--limit", type=int, help="first N items of each family")
-    p.add_argument("--families", help="comma-separated families (default: all)")
+    from eval.registry import BENCHMARKS
+
+    p = sub.add_parser("eval", help="score a model on a benchmark; resumable, with a report",
+                       description="Run a model on a benchmark folder. Predictions are appended to "
+                                   "OUT/predictions.jsonl as items finish, so a run that was stopped continues "
+                                   "with --resume; at the end OUT holds summary.md/json, plot.png and report.html "
+                                   "(every episode with its frames and crops). Benchmarks: "
+                                   + "; ".join(f"{b.name}: {b.description}" for b in BENCHMARKS.values()) + ".")
+    p.add_argument("--bench", required=True, choices=list(BENCHMARKS), help="benchmark name")
+    p.add_argument("--data-dir", required=True, help="the benchmark's folder, in its official release layout")
+    p.add_argument("--model", help="hf/vllm: hub id or local folder (default: the built-in toy-world model); "
+                                   "openai: the served model name (default: the first one the server lists)")
+    p.add_argument("--backend", choices=["hf", "vllm", "openai"], default="hf",
+                   help="hf: transformers in this process (CPU/GPU); vllm: the vLLM offline engine (GPU, "
+                        "pip install mmagent[vllm]); openai: any OpenAI-compatible server, e.g. `vllm serve` or "
+                        "`mmagent serve` (default: %(default)s)")
+    p.add_argument("--base-url", default=None, help="openai backend: the server's URL (default: "
+                                                     "http://127.0.0.1:8000/v1)")
+    p.add_argument("--api-key-env", metavar="VAR", help="openai backend: environment variable holding the API key "
+                                                        "(default: OPENAI_API_KEY if set, else no key)")
+    p.add_argument("--limit", type=int, help="only the first N items (synth: of each family)")
+    p.add_argument("--out", metavar="DIR", help="the run folder (default: runs/eval/<bench>-<model>). A path "
+                                                "ending in .json keeps the older meaning: the scores are written "
+                                                "there and the run folder is that path without .json")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out, skipping finished items")
+    p.add_argument("--batch-size", type=int, default=8, help="episodes run together (default: %(default)s)")
+    p.add_argument("--tools", help="comma-separated tools to offer (default: the benchmark's own)")
     p.add_argument("--no-tools", action="store_true", help="offer the model no tools")
-    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cpu)")
-    p.add_argument("--out", metavar="FILE.json", help="also write the scores here")
+    p.add_argument("--max-turns", type=int, help="policy turns per episode (default: the benchmark's)")
+    p.add_argument("--max-new-tokens", type=int, help="new tokens per turn (default: the benchmark's)")
+    p.add_argument("--frames", type=int, help="video frames in the first prompt (default: the model's or the "
+                                               "benchmark's budget)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="episode k gets seed + k (default: %(default)s)")
+    p.add_argument("--device", default=None, help="hf backend: cpu, cuda, ... (default: cpu for synth, else cuda "
+                                                  "if available)")
+    p.add_argument("--families", help="synth: comma-separated families (default: all)")
+    p.add_argument("--subtitles", action="store_true", help="videomme: put the subtitles in the prompt")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_eval)
 
 
-def cmd_eval(args: argparse.Namespace) -> int:
-    from eval.benchmarks import synth
+def _eval_policy(args: argparse.Namespace, media_budget):
+    """The policy of ``args.backend``; raises ValueError/OSError/ImportError/RuntimeError with a message."""
+    if args.backend == "openai":
+        from mmagent.policy.openai_http import DEFAULT_BASE_URL, OpenAIPolicy, api_key_from_env
 
-    families = [f.strip() for f in args.families.split(",")] if args.families else None
+        policy = OpenAIPolicy(args.base_url or DEFAULT_BASE_URL, model=args.model,
+                              api_key=api_key_from_env(args.api_key_env), media_budget=media_budget,
+                              temperature=args.temperature)
+        args.model = policy.resolve_model()
+        return policy
+    if args.base_url or args.api_key_env:
+        raise ValueError("--base-url and --api-key-env are for --backend openai")
+    if args.backend == "vllm":
+        from mmagent.policy.vllm_engine import VLLMPolicy
+
+        return VLLMPolicy.from_pretrained(args.model, media_budget=media_budget, temperature=args.temperature,
+                                          seed=args.seed)
+    import torch
+
+    from mmagent.policy.hf import HFPolicy, SamplingConfig
+
+    device = args.device or ("cpu" if args.bench == "synth" or not torch.cuda.is_available() else "cuda")
+    return HFPolicy.from_pretrained(args.model, device=device, dtype=torch.float32 if device == "cpu" else "auto",
+                                    media_budget=media_budget, sampling=SamplingConfig(temperature=args.temperature))
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from eval.benchmarks.base import DatasetError
+    from eval.registry import get
+    from eval.runner import RunError, check_folder, model_label, run_eval
+    from mmagent.agent import Agent, Budgets
+    from mmagent.policy.base import MediaBudget
+
+    spec = get(args.bench)
+    for flag, value in (("--families", args.families), ("--subtitles", args.subtitles or None)):
+        if value is not None and flag.lstrip("-") not in spec.options:
+            return _fail(f"{flag} is not an option of --bench {args.bench}")
+    if args.limit is not None and args.limit < 1:
+        return _fail("--limit must be at least 1")
+    if args.batch_size < 1:
+        return _fail("--batch-size must be at least 1")
+    options = {"families": [f.strip() for f in args.families.split(",") if f.strip()] if args.families else None,
+               "subtitles": True if args.subtitles else None}
+    scores_file = None
+    out = args.out
+    if out and out.endswith(".json"):
+        scores_file, out = Path(out), str(Path(out).with_suffix(""))
     try:
-        tasks = synth.load(args.data_dir, families=families, limit=args.limit)
-        if args.model is None:
+        if out:
+            check_folder(out, args.resume)  # before loading a model
+        tasks = spec.load(args.data_dir, limit=args.limit, **options)
+        if not tasks:
+            return _fail(f"{args.data_dir} holds no {args.bench} items")
+        if args.no_tools:
+            tools: list[str] = []
+        else:
+            tools = [t.strip() for t in args.tools.split(",") if t.strip()] if args.tools else list(spec.tools)
+        budgets = Budgets(max_turns=args.max_turns or spec.max_turns,
+                          max_new_tokens=args.max_new_tokens or spec.max_new_tokens)
+        if args.model is None and args.backend != "openai":
             from mmagent.default_model import default_model_path
 
             args.model = str(default_model_path())
-        agent = synth.model_agent(args.model, use_tools=not args.no_tools, device=args.device)
-    except (synth.DatasetError, OSError, ValueError) as exc:
+        media_budget = None
+        if args.bench == "synth":
+            from eval.benchmarks import synth
+
+            media_budget = synth.load_config(args.data_dir).media_budget()
+        elif args.model and Path(args.model).expanduser().is_dir():
+            from mmagent.policy.hf import saved_media_budget
+
+            media_budget = saved_media_budget(args.model)
+        if args.frames is not None:
+            media_budget = dataclasses.replace(media_budget or MediaBudget(), video_frames=args.frames)
+        policy = _eval_policy(args, media_budget)
+        agent = Agent(policy, tools=tools, budgets=budgets)
+    except (DatasetError, RunError, OSError, ValueError, KeyError, ImportError, RuntimeError) as exc:
+        return _fail(str(exc).strip("'\""))
+    label = model_label(args.model)
+    out = out or str(Path("runs") / "eval" / f"{args.bench}-{re.sub(r'[^A-Za-z0-9._-]+', '_', label)}")
+    identity = {"model": args.model, "backend": args.backend, "data_dir": str(Path(args.data_dir).resolve()),
+                "options": {k: v for k, v in options.items() if v is not None}}
+    info = {"limit": args.limit, "argv": sys.argv[1:], "batch_size": args.batch_size}
+    try:
+        result = run_eval(spec.module, agent, tasks, out, resume=args.resume, batch_size=args.batch_size,
+                          progress=not args.quiet, seed=args.seed, identity=identity, info=info,
+                          title=f"{args.bench} · {label}")
+    except RunError as exc:
         return _fail(str(exc))
-    _, _, summary = synth.evaluate(agent, tasks, progress=not args.quiet)
-    name = Path(args.model)
-    label = str(name.parent.name if name.name == "final" and name.parent.name else name.name or args.model)
-    print(synth.format_table({label: summary}))
-    if args.out:
-        Path(args.out).write_text(json.dumps({"model": args.model, "bench": args.bench, "scores": summary},
-                                             indent=2) + "\n")
+    except (OSError, RuntimeError) as exc:  # e.g. the server went away: what finished is kept
+        return _fail(f"{exc} (finished items are saved in {out}: rerun with --resume to continue)")
+    except KeyboardInterrupt:
+        return _fail(f"interrupted; finished items are saved in {out}: rerun with --resume to continue")
+    print(result.table)
+    print(f"\n{len(result.predictions)} of {result.n_tasks} items in {out} (report: {Path(out) / 'report.html'})",
+          flush=True)
+    if scores_file is not None:
+        scores_file.write_text(json.dumps({"model": args.model, "bench": args.bench, "scores": result.summary},
+                                          indent=2) + "\n")
+    return 0
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API (transformers backend)",
+                       description="Serve a model at http://HOST:PORT/v1/chat/completions, OpenAI-style (text, "
+                                   "images and videos as base64 data URLs), over the transformers backend; "
+                                   "`mmagent eval --backend openai --base-url http://HOST:PORT/v1` talks to it. "
+                                   "Episodes keep their KV cache between turns.")
+    p.add_argument("--model", help="hub id or local folder (default: the built-in toy-world model)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default: %(default)s; 0 picks a free one)")
+    p.add_argument("--served-model-name", help="the name clients send as \"model\" (default: --model)")
+    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
+    p.add_argument("--max-sessions", type=int, default=64, help="episodes whose KV cache is kept between turns "
+                                                                "(default: %(default)s)")
+    p.add_argument("--verbose", action="store_true", help="log every request")
+    p.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from mmagent.serve import load_engine, make_server
+
+    model = args.model
+    if model is None:
+        from mmagent.default_model import default_model_path
+
+        try:
+            model = str(default_model_path())
+        except (OSError, ValueError) as exc:
+            return _fail(str(exc))
+    try:
+        engine = load_engine(model, device=args.device, served_name=args.served_model_name,
+                             max_sessions=args.max_sessions)
+        server = make_server(engine, args.host, args.port, verbose=args.verbose)
+    except (OSError, ValueError) as exc:
+        return _fail(str(exc).strip("'\""))
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    print(f"Serving {engine.model_name} at http://{host}:{server.server_port}/v1 (Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
     return 0
 
 
@@ -271,6 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_make_tiny(sub)
     _add_synth(sub)
     _add_eval(sub)
+    _add_serve(sub)
     _add_train(sub)
     return parser
 

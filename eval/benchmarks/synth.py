@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 from tqdm.auto import tqdm
 
+from eval.benchmarks.base import DatasetError as BenchmarkDatasetError
 from eval.synth.families import FAMILIES, SynthConfig, make_item
 from eval.synth.oracle import SYNTH_TOOLS, OraclePolicy
 from eval.synth.scoring import format_table, score_answer, summarise
@@ -37,8 +38,12 @@ __all__ = ["build", "load", "evaluate", "oracle_agent", "model_agent", "score_an
            "SynthConfig", "FAMILIES", "SYNTH_TOOLS", "DatasetError"]
 
 
-class DatasetError(ValueError):
+class DatasetError(BenchmarkDatasetError):
     """A toy-world folder that cannot be used: missing files, bad lines, missing media."""
+
+
+#: the name every benchmark module scores one answer by
+score = score_answer
 
 
 def build(out_dir: str | os.PathLike, per_family: int = 50, seed: int = 0,

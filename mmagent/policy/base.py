@@ -1,6 +1,6 @@
 """What the agent loop needs from a policy backend, and the per-episode state a backend keeps.
 
-A backend (transformers today; vLLM and HTTP later) implements :class:`Policy`:
+A backend (transformers, vLLM, an OpenAI-compatible HTTP server) implements :class:`Policy`:
 
 * ``start`` encodes the first prompt (system prompt with the tool schemas, the user's media and
   question) into a :class:`Session`;
@@ -10,6 +10,10 @@ A backend (transformers today; vLLM and HTTP later) implements :class:`Policy`:
 The session holds the conversation as token ids, never as text: generated ids and encoded
 observation ids are concatenated as they come (token-in/token-out), so the ids that training later
 sees are exactly the ones the policy produced, and ``loss_mask`` marks which of them it produced.
+Backends that only see text (``openai_http``, ``vllm_engine``) keep the conversation as messages or a
+prompt string instead and leave the token-level fields empty: their trajectories are for evaluation,
+not for training. The agent's context budget reads :attr:`Session.num_tokens`, which such backends
+fill from the counts their engine reports.
 """
 
 from __future__ import annotations
@@ -92,6 +96,12 @@ class Generation:
     #: tokens run through the model before this turn's first new token (the prompt the turn needed)
     prefill_tokens: int
     seconds: float = 0.0
+    #: tokens generated; defaults to ``len(token_ids)`` (HTTP backends, which get no ids, give the count)
+    num_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_tokens is None:
+            self.num_tokens = len(self.token_ids)
 
 
 @dataclass
@@ -108,6 +118,12 @@ class Session:
     initial_frame_times: list[float] = field(default_factory=list)
     seed: int = 0
     info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens in the conversation so far: what the context budget counts. Backends that hold the
+        conversation as text (HTTP, vLLM) have no ids and override this with the count they know."""
+        return len(self.token_ids)
 
     def _append(self, ids: Sequence[int], policy: bool, logprobs: Sequence[float] | None = None) -> None:
         self.token_ids.extend(int(i) for i in ids)

@@ -1,0 +1,78 @@
+"""Benchmark names -> their modules and the agent settings an eval of them starts from.
+
+``get("videomme")`` gives a :class:`BenchSpec`; ``spec.module`` is the benchmark module (``load``, ``score``,
+``summarise``); ``spec.load(data_dir, limit, **options)`` reads its tasks, passing on only the options
+that benchmark takes. An unknown name raises :class:`UnknownBenchmark` listing the known ones.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from mmagent.trajectory import Task
+
+
+class UnknownBenchmark(KeyError):
+    def __str__(self) -> str:  # KeyError quotes its message; this one is a sentence
+        return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    name: str
+    #: import path of the benchmark module
+    module_name: str
+    description: str
+    #: tools offered by default (``mmagent tools`` lists them all)
+    tools: tuple[str, ...]
+    max_turns: int = 6
+    max_new_tokens: int = 1024
+    #: options of the module's ``load`` that the CLI exposes (flag name -> load keyword)
+    options: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def module(self) -> ModuleType:
+        return importlib.import_module(self.module_name)
+
+    def load(self, data_dir: str | os.PathLike, limit: int | None = None, **options: Any) -> list[Task]:
+        """The benchmark's tasks; options its ``load`` does not take are refused."""
+        load = self.module.load
+        accepted = set(inspect.signature(load).parameters)
+        unknown = sorted(k for k, v in options.items() if v is not None and k not in accepted)
+        if unknown:
+            raise ValueError(f"benchmark {self.name} takes no option {', '.join(unknown)}")
+        return load(data_dir, limit=limit, **{k: v for k, v in options.items() if v is not None})
+
+
+BENCHMARKS: dict[str, BenchSpec] = {spec.name: spec for spec in (
+    BenchSpec("synth", "eval.benchmarks.synth", "the toy world (build it with `mmagent synth DIR`)",
+              ("resample_frames", "zoom", "web_search"), max_turns=6, max_new_tokens=160,
+              options={"families": "families"}),
+    BenchSpec("videomme", "eval.benchmarks.videomme", "Video-MME multiple-choice video QA",
+              ("resample_frames",), options={"subtitles": "subtitles"}),
+    BenchSpec("charades_sta", "eval.benchmarks.charades_sta", "Charades-STA temporal grounding",
+              ("resample_frames",)),
+    BenchSpec("geo", "eval.benchmarks.geo", "geolocation (IM2GPS3K, GeoBench)", ("zoom", "web_search")),
+    BenchSpec("vstar", "eval.benchmarks.vstar", "V* Bench high-resolution detail QA", ("zoom",)),
+)}
+
+
+def names() -> list[str]:
+    return list(BENCHMARKS)
+
+
+def get(name: str) -> BenchSpec:
+    try:
+        return BENCHMARKS[name]
+    except KeyError:
+        raise UnknownBenchmark(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}") from None
+
+
+def module(name: str) -> ModuleType:
+    """The benchmark module of ``name`` (has NAME, load, score, summarise)."""
+    return get(name).module

@@ -1,0 +1,306 @@
+"""A policy behind any OpenAI-compatible ``/v1/chat/completions`` endpoint (``vllm serve``, ``mmagent serve``, ...).
+
+The session keeps the conversation as chat messages (:mod:`mmagent.policy.messages`): the first user
+turn holds the video frames and the image the client sampled and sized with its own
+:class:`~mmagent.policy.base.MediaBudget`, exactly as the transformers backend would show them, and
+each observation is a user turn with its images as PNG data URLs. Every turn sends the whole
+conversation; a server with prefix caching (vLLM, ``mmagent serve``) only computes what is new.
+
+Token-level fields stay empty: the server tokenizes, so the client never sees ids or a loss mask, and
+these trajectories are for evaluation, not training. The agent's budgets still hold:
+
+* context: :attr:`HTTPSession.num_tokens` is the server's own count from the last answer
+  (``usage.prompt_tokens + usage.completion_tokens``) plus an estimate for what was added since (the
+  observation's visual tokens, counted exactly for Qwen-style 28-pixel patches, and its text at about
+  three characters a token);
+* visual tokens: counted here from the sizes the images are sent at (what the server will see).
+
+Generation stops at the protocol's stop strings (``</tool_call>``, ``</answer>``). OpenAI-style servers
+leave the matched stop string out of the text; it is put back (from vLLM's ``stop_reason`` when the
+server sends one, else from the unclosed tag) so the agent's parser sees the turn as the model wrote it.
+
+Failures are :class:`OpenAIBackendError` with one readable sentence: the server cannot be reached,
+answered an HTTP error, or sent something that is not a chat completion. Connection failures, timeouts,
+HTTP 408/409/429 and 5xx are retried (``retries`` times, with backoff) before giving up.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import math
+import os
+import socket
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from PIL import Image
+
+from mmagent.media import EpisodeMedia
+from mmagent.policy.base import (PATCH_FACTOR, Generation, MediaBudget, Policy, Session, fit_image, fitted_size,
+                                 visual_token_count)
+from mmagent.policy.messages import (image_names, image_part, observation_parts, text_part, video_part)
+from mmagent.protocol import ANSWER_CLOSE, ANSWER_OPEN, CALL_CLOSE, CALL_OPEN, STOP_STRINGS
+from toolbox.base import Observation
+
+DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
+RETRY_STATUS = {408, 409, 429}
+#: frames per temporal patch of Qwen2.5-VL's vision tower (video token count = ceil(frames / 2) * h * w / 28^2)
+TEMPORAL_PATCH = 2
+
+
+class OpenAIBackendError(RuntimeError):
+    """The server could not be reached, answered an error, or sent something unreadable."""
+
+
+@dataclass
+class HTTPSampling:
+    temperature: float = 0.0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+
+
+@dataclass
+class HTTPSession(Session):
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    #: the server's count after the last turn plus estimates for what was appended since
+    context_tokens: int = 0
+    #: frames per second of the first prompt's video (sent as mm_processor_kwargs["fps"])
+    fps: float | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return self.context_tokens
+
+
+def estimate_text_tokens(text: str) -> int:
+    """A rough token count for text the server has not counted yet (about three characters a token)."""
+    return max(1, math.ceil(len(text) / 3))
+
+
+def normalise_base_url(url: str) -> str:
+    """``http://host:port`` or ``http://host:port/v1`` -> ``http://host:port/v1`` (no trailing slash)."""
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise ValueError(f"--base-url must be an http(s) URL such as {DEFAULT_BASE_URL}, not {url!r}")
+    path = parsed.path.rstrip("/")
+    return urllib.parse.urlunparse(parsed._replace(path=path or "/v1")).rstrip("/")
+
+
+class OpenAIPolicy(Policy):
+    """A model served over HTTP with the OpenAI chat-completions API."""
+
+    def __init__(self, base_url: str = DEFAULT_BASE_URL, model: str | None = None, api_key: str | None = None,
+                 media_budget: MediaBudget | None = None, temperature: float = 0.0, top_p: float = 1.0,
+                 timeout_s: float = 600.0, retries: int = 3, backoff_s: float = 0.5, max_concurrency: int = 8,
+                 extra_body: dict[str, Any] | None = None, patch_factor: int = PATCH_FACTOR) -> None:
+        self.base_url = normalise_base_url(base_url)
+        self.model = model
+        self.api_key = api_key
+        self.media_budget = media_budget or MediaBudget()
+        self.sampling = HTTPSampling(temperature, top_p)
+        self.timeout_s = timeout_s
+        self.retries = max(0, int(retries))
+        self.backoff_s = backoff_s
+        self.max_concurrency = max(1, int(max_concurrency))
+        self.extra_body = dict(extra_body or {})
+        self.patch_factor = patch_factor
+
+    # ----- HTTP -----------------------------------------------------------------------------------
+    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        url = self.base_url + path
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        last = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+            req = urllib.request.Request(url, data=data, headers=headers, method=method)
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                    raw = resp.read()
+            except urllib.error.HTTPError as exc:
+                detail = _error_detail(exc.read())
+                last = f"{method} {url} answered HTTP {exc.code}: {detail}"
+                if exc.code in RETRY_STATUS or exc.code >= 500:
+                    continue
+                raise OpenAIBackendError(last) from None
+            except (urllib.error.URLError, ConnectionError, socket.timeout, TimeoutError) as exc:
+                reason = getattr(exc, "reason", exc)
+                if isinstance(reason, ConnectionRefusedError):
+                    last = (f"cannot connect to {self.base_url} (connection refused): is the server running? Start "
+                            "one with `mmagent serve --model M` or `vllm serve M`, or fix --base-url")
+                elif isinstance(reason, (socket.timeout, TimeoutError)):
+                    last = f"no answer from {url} within {self.timeout_s:g} s"
+                else:
+                    last = f"cannot reach {url} ({type(reason).__name__}: {reason})"
+                continue
+            try:
+                out = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                raise OpenAIBackendError(f"{method} {url} sent a response that is not JSON: "
+                                         f"{raw[:200].decode('utf-8', 'replace')!r}") from None
+            if not isinstance(out, dict):
+                raise OpenAIBackendError(f"{method} {url} sent JSON that is not an object: {str(out)[:200]!r}")
+            return out
+        tries = f" (tried {self.retries + 1} times)" if self.retries else ""
+        raise OpenAIBackendError(last + tries)
+
+    def resolve_model(self) -> str:
+        """The model name to send: the one given, else the first the server lists at ``/models``."""
+        if self.model:
+            return self.model
+        listing = self._request("GET", "/models")
+        try:
+            self.model = str(listing["data"][0]["id"])
+        except (KeyError, IndexError, TypeError):
+            raise OpenAIBackendError(f"{self.base_url}/models lists no model; pass --model NAME") from None
+        return self.model
+
+    def _complete(self, session: HTTPSession, max_new_tokens: int) -> Generation:
+        body: dict[str, Any] = {"model": self.resolve_model(), "messages": session.messages,
+                                "max_tokens": int(max_new_tokens), "temperature": self.sampling.temperature,
+                                "top_p": self.sampling.top_p, "seed": int(session.seed), "n": 1,
+                                "stop": list(STOP_STRINGS)}
+        if session.fps is not None:
+            # vLLM passes these to the HF processor: the video's real frame rate (M-RoPE time positions), and
+            # no resizing (the frames were sized here within the media budget).
+            body["mm_processor_kwargs"] = {"fps": session.fps, "do_resize": False}
+        body.update(self.extra_body)
+        t0 = time.perf_counter()
+        out = self._request("POST", "/chat/completions", body)
+        try:
+            choice = out["choices"][0]
+            content = choice["message"]["content"]
+            finish = choice.get("finish_reason")
+            usage = out.get("usage") or {}
+            if content is None:
+                content = ""
+            if not isinstance(content, str):
+                raise TypeError(f"message content is {type(content).__name__}")
+        except (KeyError, IndexError, TypeError) as exc:
+            raise OpenAIBackendError(f"{self.base_url}/chat/completions sent a response that is not a chat "
+                                     f"completion ({type(exc).__name__}: {exc}): {json.dumps(out)[:200]}") from None
+        text = restore_stop(content, finish, choice.get("stop_reason"))
+        completion = _int(usage.get("completion_tokens"), estimate_text_tokens(text))
+        prompt = _int(usage.get("prompt_tokens"), session.context_tokens)
+        cached = _int((usage.get("prompt_tokens_details") or {}).get("cached_tokens"), 0)
+        session.context_tokens = prompt + completion
+        session.messages.append({"role": "assistant", "content": text})
+        return Generation(text=text, token_ids=[], logprobs=[], truncated=finish == "length",
+                          prefill_tokens=max(0, prompt - cached), seconds=time.perf_counter() - t0,
+                          num_tokens=completion)
+
+    # ----- episode API ----------------------------------------------------------------------------
+    def _fit(self, image: Image.Image, min_pixels: int, max_pixels: int) -> Image.Image:
+        return fit_image(image, min_pixels, max_pixels, self.patch_factor)
+
+    def visual_tokens(self, images: Sequence[Image.Image]) -> int:
+        b = self.media_budget
+        return visual_token_count(images, b.observation_min_pixels, b.observation_max_pixels, self.patch_factor)
+
+    def start(self, system_prompt: str, question: str, media: EpisodeMedia, seed: int = 0) -> HTTPSession:
+        session = HTTPSession(media=media, seed=seed)
+        b, f = self.media_budget, self.patch_factor
+        content: list[dict[str, Any]] = []
+        visual = 0
+        if media.video is not None:
+            frames = media.video.sample_uniform(b.video_frames)
+            session.initial_frame_times = [fr.timestamp for fr in frames]
+            w, h = fitted_size(*frames[0].image.size, b.video_min_pixels, b.video_max_pixels, f)
+            # the same sizing as HFPolicy._fit_frames: one size for all frames, bicubic
+            fitted = [fr.image.convert("RGB").resize((w, h), Image.BICUBIC) for fr in frames]
+            media.set_view_size("video", (w, h))
+            session.fps = len(frames) / media.video.duration
+            content.append(video_part(fitted))
+            visual += math.ceil(len(fitted) / TEMPORAL_PATCH) * (h // f) * (w // f)
+        if media.image is not None:
+            image = self._fit(media.image, b.image_min_pixels, b.image_max_pixels)
+            media.set_view_size("image", image.size)
+            content.append(image_part(image))
+            visual += (image.height // f) * (image.width // f)
+        content.append(text_part(question))
+        session.messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": content}]
+        session.visual_tokens = visual
+        session.context_tokens = visual + estimate_text_tokens(system_prompt + question)
+        return session
+
+    def generate(self, sessions: Sequence[HTTPSession], max_new_tokens: int) -> list[Generation]:
+        if len(sessions) <= 1:
+            return [self._complete(s, max_new_tokens) for s in sessions]
+        # Concurrent requests: the server batches them (vLLM continuous batching).
+        with cf.ThreadPoolExecutor(max_workers=min(len(sessions), self.max_concurrency)) as pool:
+            futures = [pool.submit(self._complete, s, max_new_tokens) for s in sessions]
+            return [fu.result() for fu in futures]
+
+    def observe(self, session: HTTPSession, observation: Observation) -> int:
+        b = self.media_budget
+        parts, visual = [], 0
+        for im, handle in zip(observation.images, observation.handles or [None] * len(observation.images)):
+            fitted = self._fit(im, b.observation_min_pixels, b.observation_max_pixels)
+            if handle:
+                session.media.set_view_size(handle, fitted.size)
+            parts.append(image_part(fitted))
+            visual += (fitted.height // self.patch_factor) * (fitted.width // self.patch_factor)
+        names = image_names(observation.handles, observation.image_labels, len(observation.images))
+        session.messages.append({"role": "user", "content": observation_parts(observation.text, parts, names)})
+        session.visual_tokens += visual
+        added = visual + estimate_text_tokens(observation.text) + 8 * (len(parts) + 2)
+        session.context_tokens += added
+        return added
+
+    def end(self, session: HTTPSession) -> None:
+        session.messages = []  # the data URLs are the bulk of it
+
+
+def restore_stop(content: str, finish_reason: Any, stop_reason: Any = None) -> str:
+    """Put back the stop string an OpenAI-style server left out of ``content``."""
+    if finish_reason != "stop" or content.endswith(STOP_STRINGS):
+        return content
+    if isinstance(stop_reason, str):
+        return content + stop_reason if stop_reason in STOP_STRINGS else content
+    call, answer = content.rfind(CALL_OPEN), content.rfind(ANSWER_OPEN)
+    if call > answer and CALL_CLOSE not in content[call:]:
+        return content + CALL_CLOSE
+    if answer > call and ANSWER_CLOSE not in content[answer:]:
+        return content + ANSWER_CLOSE
+    return content
+
+
+def _int(value: Any, default: int) -> int:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+
+def _error_detail(raw: bytes) -> str:
+    """The message of an OpenAI-style error body, else the body's first 200 characters."""
+    text = raw.decode("utf-8", "replace")
+    try:
+        err = json.loads(text).get("error")
+        msg = err.get("message") if isinstance(err, dict) else err
+        if isinstance(msg, str) and msg:
+            return msg
+    except (json.JSONDecodeError, AttributeError):
+        pass
+    text = " ".join(text.split())
+    return (text[:200] + "...") if len(text) > 200 else (text or "(empty body)")
+
+
+def api_key_from_env(var: str | None) -> str | None:
+    """The API key in environment variable ``var`` (None: OPENAI_API_KEY if set). A named but unset
+    variable is an error, so a typo does not silently send no key."""
+    if var is None:
+        return os.environ.get("OPENAI_API_KEY") or None
+    if not os.environ.get(var):
+        raise ValueError(f"environment variable {var} (from --api-key-env) is not set")
+    return os.environ[var]

@@ -1,0 +1,209 @@
+"""The vLLM backend: the offline ``vllm.LLM`` engine, batched generation with prefix caching (GPU).
+
+Install it on a GPU machine with ``pip install mmagent[vllm]``; vLLM is imported only when this backend is
+built, so everything else works without it.
+
+Each session keeps its prompt as text plus its media: the first prompt is rendered as ChatML with the
+video and image placeholders of Qwen2.5-VL (:func:`mmagent.policy.messages.render_chatml`, the text the
+chat template writes), and each observation appends the same ``<tool_response>`` turn ``HFPolicy``
+builds, its images as further ``<|image_pad|>`` placeholders. Every turn sends the whole prompt with all
+its images (``multi_modal_data={"image": [...], "video": [...]}``) to ``LLM.generate``, one request per
+open episode, so vLLM batches the episodes and its prefix cache (``enable_prefix_caching=True``) skips
+recomputing what earlier turns already ran. Frames and images are sized here within the media budget
+and passed with ``mm_processor_kwargs={"fps": ..., "do_resize": False}`` so the processor neither resizes
+them nor guesses the frame rate (the M-RoPE time positions need it).
+
+``limit_mm_per_prompt`` (vLLM refuses more images per prompt than it says, default 1) is set from
+``max_images`` (default 32) and one video; an episode that would go past it gets the extra images as a
+text note instead. Token ids stay empty in the session (the engine tokenizes the text); each turn's
+generated ids and the engine's prompt count are recorded, which is what the agent's budgets need.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from PIL import Image
+
+from mmagent.media import EpisodeMedia
+from mmagent.policy.base import (PATCH_FACTOR, Generation, MediaBudget, Policy, Session, fit_image, fitted_size,
+                                 visual_token_count)
+from mmagent.policy.messages import IM_END, IM_START, IMAGE_PAD, VISION_END, VISION_START, image_names, render_chatml
+from mmagent.protocol import RESPONSE_CLOSE, RESPONSE_OPEN, STOP_STRINGS
+from toolbox.base import Observation
+
+INSTALL_HINT = ("the vLLM backend needs the vllm package, which is not installed: on a machine with a CUDA GPU, "
+                "run `pip install mmagent[vllm]` (or use --backend hf, or --backend openai against `vllm serve`)")
+TEMPORAL_PATCH = 2
+
+
+class VLLMUnavailable(ImportError):
+    """vllm is not installed (or cannot be imported here)."""
+
+
+def import_vllm() -> Any:
+    try:
+        import vllm
+    except ImportError as exc:
+        raise VLLMUnavailable(f"{INSTALL_HINT} ({exc})") from None
+    return vllm
+
+
+@dataclass
+class VLLMSession(Session):
+    prompt: str = ""
+    images: list[Image.Image] = field(default_factory=list)
+    video: Any = None  # (T, H, W, 3) uint8 frames
+    fps: float | None = None
+    context_tokens: int = 0
+    turn: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.context_tokens
+
+
+class VLLMPolicy(Policy):
+    """A model in a ``vllm.LLM`` engine as the agent's policy."""
+
+    def __init__(self, llm: Any, media_budget: MediaBudget | None = None, temperature: float = 0.0,
+                 top_p: float = 1.0, max_images: int = 32, patch_factor: int = PATCH_FACTOR) -> None:
+        self.llm = llm
+        self.media_budget = media_budget or MediaBudget()
+        if temperature < 0 or not 0 < top_p <= 1:
+            raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
+        self.sampling = {"temperature": temperature, "top_p": top_p}
+        self.max_images = max_images
+        self.patch_factor = patch_factor
+
+    @classmethod
+    def from_pretrained(cls, model: str, media_budget: MediaBudget | None = None, temperature: float = 0.0,
+                        top_p: float = 1.0, max_images: int = 32, max_model_len: int | None = 32768,
+                        gpu_memory_utilization: float = 0.9, seed: int = 0, **engine_kwargs: Any) -> "VLLMPolicy":
+        """Start an engine on ``model`` (hub id or folder); ``engine_kwargs`` go to ``vllm.LLM``."""
+        vllm = import_vllm()
+        if media_budget is None:
+            from mmagent.policy.hf import saved_media_budget
+
+            media_budget = saved_media_budget(model) if _is_dir(model) else None
+        kwargs: dict[str, Any] = {"model": model, "enable_prefix_caching": True, "seed": seed,
+                                  "limit_mm_per_prompt": {"image": max_images, "video": 1},
+                                  "gpu_memory_utilization": gpu_memory_utilization}
+        if max_model_len:
+            kwargs["max_model_len"] = max_model_len
+        kwargs.update(engine_kwargs)
+        return cls(vllm.LLM(**kwargs), media_budget=media_budget, temperature=temperature, top_p=top_p,
+                   max_images=max_images)
+
+    # ----- episode API ----------------------------------------------------------------------------
+    def _fit(self, image: Image.Image, min_pixels: int, max_pixels: int) -> Image.Image:
+        return fit_image(image, min_pixels, max_pixels, self.patch_factor)
+
+    def visual_tokens(self, images: Sequence[Image.Image]) -> int:
+        b = self.media_budget
+        return visual_token_count(images, b.observation_min_pixels, b.observation_max_pixels, self.patch_factor)
+
+    def start(self, system_prompt: str, question: str, media: EpisodeMedia, seed: int = 0) -> VLLMSession:
+        import numpy as np
+
+        session = VLLMSession(media=media, seed=seed)
+        b, f = self.media_budget, self.patch_factor
+        content: list[dict[str, Any]] = []
+        if media.video is not None:
+            frames = media.video.sample_uniform(b.video_frames)
+            session.initial_frame_times = [fr.timestamp for fr in frames]
+            w, h = fitted_size(*frames[0].image.size, b.video_min_pixels, b.video_max_pixels, f)
+            fitted = [fr.image.convert("RGB").resize((w, h), Image.BICUBIC) for fr in frames]
+            fitted += [fitted[-1]] * (-len(fitted) % TEMPORAL_PATCH)  # whole temporal patches, as HFPolicy pads
+            media.set_view_size("video", (w, h))
+            session.video = np.stack([np.asarray(im) for im in fitted])
+            session.fps = len(frames) / media.video.duration
+            session.visual_tokens += len(fitted) // TEMPORAL_PATCH * (h // f) * (w // f)
+            content.append({"type": "video_url"})
+        if media.image is not None:
+            image = self._fit(media.image, b.image_min_pixels, b.image_max_pixels)
+            media.set_view_size("image", image.size)
+            session.images.append(image)
+            session.visual_tokens += (image.height // f) * (image.width // f)
+            content.append({"type": "image_url"})
+        content.append({"type": "text", "text": question})
+        session.prompt = render_chatml([{"role": "system", "content": system_prompt},
+                                        {"role": "user", "content": content}])
+        session.context_tokens = session.visual_tokens + math.ceil(len(session.prompt) / 3)
+        return session
+
+    def _request(self, session: VLLMSession) -> dict[str, Any]:
+        mm: dict[str, Any] = {}
+        if session.images:
+            mm["image"] = list(session.images)
+        if session.video is not None:
+            mm["video"] = [session.video]
+        req: dict[str, Any] = {"prompt": session.prompt}
+        if mm:
+            req["multi_modal_data"] = mm
+            kwargs: dict[str, Any] = {"do_resize": False}
+            if session.fps is not None:
+                kwargs["fps"] = session.fps
+            req["mm_processor_kwargs"] = kwargs
+        return req
+
+    def generate(self, sessions: Sequence[VLLMSession], max_new_tokens: int) -> list[Generation]:
+        vllm = import_vllm()
+        params = [vllm.SamplingParams(temperature=self.sampling["temperature"], top_p=self.sampling["top_p"],
+                                      max_tokens=max_new_tokens, stop=list(STOP_STRINGS),
+                                      include_stop_str_in_output=True, skip_special_tokens=True,
+                                      seed=(s.seed * 1_000_003 + s.turn) % 2 ** 31)
+                  for s in sessions]
+        t0 = time.perf_counter()
+        outputs = self.llm.generate([self._request(s) for s in sessions], sampling_params=params, use_tqdm=False)
+        seconds = (time.perf_counter() - t0) / max(1, len(sessions))
+        gens = []
+        for s, out in zip(sessions, outputs):
+            done = out.outputs[0]
+            ids = list(done.token_ids)
+            prompt_len = len(out.prompt_token_ids or ())
+            cached = getattr(out, "num_cached_tokens", None) or 0
+            s.turn += 1
+            s.prompt += done.text
+            s.context_tokens = prompt_len + len(ids)
+            gens.append(Generation(text=done.text, token_ids=ids, logprobs=[], truncated=done.finish_reason == "length",
+                                   prefill_tokens=max(0, prompt_len - cached), seconds=seconds))
+        return gens
+
+    def observe(self, session: VLLMSession, observation: Observation) -> int:
+        b = self.media_budget
+        lines = [RESPONSE_OPEN, observation.text]
+        names = image_names(observation.handles, observation.image_labels, len(observation.images))
+        added_visual, dropped = 0, 0
+        handles = observation.handles or [None] * len(observation.images)
+        for im, name, handle in zip(observation.images, names, handles):
+            if len(session.images) >= self.max_images:
+                dropped += 1
+                continue
+            fitted = self._fit(im, b.observation_min_pixels, b.observation_max_pixels)
+            if handle:
+                session.media.set_view_size(handle, fitted.size)
+            session.images.append(fitted)
+            added_visual += (fitted.height // self.patch_factor) * (fitted.width // self.patch_factor)
+            lines.append(f"{name}: {VISION_START}{IMAGE_PAD}{VISION_END}")
+        if dropped:
+            lines.append(f"({dropped} image(s) not shown: an episode holds at most {self.max_images} images here.)")
+        lines.append(RESPONSE_CLOSE)
+        text = f"{IM_END}\n{IM_START}user\n" + "\n".join(lines) + f"{IM_END}\n{IM_START}assistant\n"
+        session.prompt += text
+        session.visual_tokens += added_visual
+        added = added_visual + math.ceil(len(text) / 3)
+        session.context_tokens += added
+        return added
+
+    def end(self, session: VLLMSession) -> None:
+        session.images, session.video = [], None
+
+
+def _is_dir(path: str) -> bool:
+    import os
+
+    return os.path.isdir(os.path.expanduser(path))
