@@ -1,4 +1,4 @@
-"""`mmagent eval --bench synth` as a user runs it, and what `run`/`eval` say when the built-in model is absent."""
+"""`mmagent eval --bench synth` as a user runs it, and what it says for a missing folder or an unknown benchmark."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from eval.benchmarks import synth
-from mmagent.default_model import DEFAULT_MODEL_DIR
 
 
 def _mmagent(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -40,10 +39,3 @@ def test_eval_reports_a_missing_folder_and_unknown_benchmarks(tmp_path: Path) ->
     assert out.returncode == 2 and "mmagent synth" in out.stderr
     out = _mmagent("eval", "--bench", "mmmu", "--data-dir", str(tmp_path))
     assert out.returncode == 2 and "invalid choice: 'mmmu'" in out.stderr
-
-
-@pytest.mark.skipif((DEFAULT_MODEL_DIR / "config.json").is_file(), reason="the built-in model is installed")
-def test_run_without_a_model_says_how_to_get_the_builtin_one(video_path: Path) -> None:
-    out = _mmagent("run", "--video", str(video_path), "What colour is the screen?")
-    assert out.returncode == 2
-    assert "built-in model is missing" in out.stderr and "training.recipes.toy_world" in out.stderr

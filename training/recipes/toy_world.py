@@ -6,7 +6,9 @@ each skipped when its result is already in the output folder (so a killed run co
 
 1. data — a training world (seed 0) and a held-out test world (seed 1) from :mod:`eval.benchmarks.synth`;
    the tool oracle's episodes on the training world are the SFT data, the no-tool oracle's the baseline's;
-2. base — a tiny random Qwen2.5-VL (:func:`mmagent.tiny.build_tiny_qwen2_5_vl`, own tokenizer);
+2. base — a tiny random Qwen2.5-VL (:func:`mmagent.tiny.build_tiny_qwen2_5_vl`, own tokenizer), given a
+   few minutes of language warm-up on the training episodes' texts and copy drills
+   (:mod:`training.recipes.text_warmup`), as a real base model is pretrained;
 3. sft — the cold start on the tool oracle's episodes; sft_notools — the same on the no-tool episodes;
 4. grpo and dgrpo — RL from the SFT model on the training world's tasks, GRPO vs DGRPO advantages,
    everything else equal (same seed, same prompts per step);
@@ -28,6 +30,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from eval.benchmarks import synth
+from mmagent.trajectory import load_jsonl, save_jsonl
+from training.recipes.text_warmup import episode_text, warm_up
 from training.rl import RLConfig, train_rl
 from training.sft import SFTConfig, train_sft
 from training.synth_data import write_sft_data
@@ -39,21 +43,32 @@ class RecipeSizes:
     test_per_family: int = 50
     hidden_size: int = 128
     num_layers: int = 4
-    sft_epochs: int = 6
+    #: language warm-up of the random base (:mod:`training.recipes.text_warmup`)
+    warmup_steps: int = 800
+    warmup_drill_share: float = 0.5
+    sft_epochs: int = 5
     sft_lr: float = 2e-3
-    rl_steps: int = 8
-    rl_prompts: int = 2
+    #: one episode per optimizer step: a tiny model learns faster from more, noisier steps
+    sft_grad_accum: int = 1
+    rl_steps: int = 12
+    rl_prompts: int = 4
     rl_group: int = 4
     rl_lr: float = 1e-4
+    #: sampling temperature of the RL rollouts (at 1.0 the SFT model's episodes lose the format)
+    rl_temperature: float = 0.7
     #: new tokens per turn (the oracle's longest turn is about 100)
     max_new_tokens: int = 112
     #: test items of each family that are evaluated
-    eval_per_family: int = 10
+    eval_per_family: int = 25
 
 
-QUICK = RecipeSizes(train_per_family=3, test_per_family=2, hidden_size=64, num_layers=2, sft_epochs=1, rl_steps=2,
-                    rl_prompts=2, rl_group=2, eval_per_family=2)
+QUICK = RecipeSizes(train_per_family=3, test_per_family=2, hidden_size=64, num_layers=2, warmup_steps=3,
+                    sft_epochs=1, rl_steps=2, rl_prompts=2, rl_group=2, eval_per_family=2)
 
+WARMUP_FILE = "warmup.json"
+#: test items of each family whose greedy answers the installed model records, for tests to reproduce
+REFERENCE_PER_FAMILY = 3
+TEST_WORLD_SEED = 1
 RUNS = {"no tools": "sft_notools", "SFT": "sft", "SFT+GRPO": "grpo", "SFT+DGRPO": "dgrpo"}
 
 
@@ -83,23 +98,26 @@ def run_recipe(out: str | Path, sizes: RecipeSizes | None = None, device: str = 
 
     def data() -> None:
         tasks = synth.build(train_dir, per_family=sizes.train_per_family, seed=0, progress=progress)
-        synth.build(test_dir, per_family=sizes.test_per_family, seed=1, progress=progress)
+        synth.build(test_dir, per_family=sizes.test_per_family, seed=TEST_WORLD_SEED, progress=progress)
         write_sft_data(tasks, sft_tools, progress=progress)
         no_tools = synth.oracle_agent(tasks, use_tools=False, offer_tools=False)
         trajs, _, _ = synth.evaluate(no_tools, tasks, progress=progress)
-        from mmagent.trajectory import save_jsonl
-
         save_jsonl(trajs, sft_plain)  # every no-tool episode: a guess is what that policy can do
 
     _stage(out, "data", sft_plain, data, timings)
-    _stage(out, "base", out / "base" / "config.json",
-           lambda: build_tiny_qwen2_5_vl(out / "base", seed=0, hidden_size=sizes.hidden_size,
-                                         num_layers=sizes.num_layers), timings)
+    def base() -> None:
+        build_tiny_qwen2_5_vl(out / "base", seed=0, hidden_size=sizes.hidden_size, num_layers=sizes.num_layers)
+        texts = [episode_text(t) for t in load_jsonl(sft_tools)]
+        result = warm_up(out / "base", texts, steps=sizes.warmup_steps, drill_share=sizes.warmup_drill_share,
+                         progress=progress)
+        (out / "base" / WARMUP_FILE).write_text(json.dumps(result, indent=2))
+
+    _stage(out, "base", out / "base" / WARMUP_FILE, base, timings)
 
     def sft(name: str, data_path: Path) -> Callable[[], None]:
         cfg = SFTConfig(model=str(out / "base"), data=[str(data_path)], output_dir=str(out / name),
-                        epochs=sizes.sft_epochs, lr=sizes.sft_lr, warmup_steps=10, grad_accum=4, freeze_vision=False,
-                        save_every=100, device=device)
+                        epochs=sizes.sft_epochs, lr=sizes.sft_lr, warmup_steps=10, grad_accum=sizes.sft_grad_accum,
+                        freeze_vision=False, cache_episodes=True, save_every=400, device=device)
         return lambda: train_sft(cfg, progress=progress)
 
     _stage(out, "sft", out / "sft" / "final" / "config.json", sft("sft", sft_tools), timings)
@@ -109,6 +127,7 @@ def run_recipe(out: str | Path, sizes: RecipeSizes | None = None, device: str = 
         cfg = RLConfig(model=str(out / "sft" / "final"), data=str(train_dir), output_dir=str(out / mode),
                        steps=sizes.rl_steps, prompts_per_step=sizes.rl_prompts, group_size=sizes.rl_group,
                        lr=sizes.rl_lr, max_new_tokens=sizes.max_new_tokens, advantage={"mode": mode},
+                       temperature=sizes.rl_temperature,
                        freeze_vision=False,
                        save_every=10, device=device)
         return lambda: train_rl(cfg, progress=progress)
@@ -141,6 +160,17 @@ def run_recipe(out: str | Path, sizes: RecipeSizes | None = None, device: str = 
 RECIPE_COMMAND = "python -m training.recipes.toy_world runs/toy --install"
 
 
+def reference_answers(model_dir: str | Path, test_dir: str | Path, per_family: int = REFERENCE_PER_FAMILY
+                      ) -> dict[str, Any]:
+    """Greedy answers and scores of ``model_dir`` on the first ``per_family`` test items of each family."""
+    tasks = synth.load(test_dir, limit=per_family)
+    agent = synth.model_agent(str(model_dir), use_tools=True, max_new_tokens=RecipeSizes().max_new_tokens)
+    trajs, scores, _ = synth.evaluate(agent, tasks, progress=False)
+    return {"test_world_seed": TEST_WORLD_SEED, "per_family": per_family,
+            "answers": {t.id: traj.answer for t, traj in zip(tasks, trajs)},
+            "scores": {t.id: float(s["score"]) for t, s in zip(tasks, scores)}}
+
+
 def install_default(out: str | Path, run: str = "SFT+DGRPO") -> Path:
     """Copy ``run``'s final model into mmagent's embedded default (``mmagent/assets/toy_policy``), labelled."""
     from mmagent.default_model import DEFAULT_MODEL_DIR
@@ -161,6 +191,7 @@ def install_default(out: str | Path, run: str = "SFT+DGRPO") -> Path:
         "test_scores": results["scores"][run], "training_s": results["training_s"],
     })
     record.setdefault("tools", list(synth.SYNTH_TOOLS))
+    record["reference"] = reference_answers(DEFAULT_MODEL_DIR, out / "data" / "test")
     (DEFAULT_MODEL_DIR / POLICY_FILE).write_text(json.dumps(record, indent=2) + "\n")
     return DEFAULT_MODEL_DIR
 
