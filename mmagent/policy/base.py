@@ -29,6 +29,21 @@ from toolbox.base import Observation
 
 
 @dataclass
+class SamplingConfig:
+    """How the next token is picked. ``temperature == 0`` is greedy."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+
+
+@dataclass
 class MediaBudget:
     """How media become visual tokens (pixels per frame/image, frame count)."""
 

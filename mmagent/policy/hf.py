@@ -27,7 +27,7 @@ import torch
 from PIL import Image
 
 from mmagent.media import EpisodeMedia
-from mmagent.policy.base import (Generation, MediaBudget, Policy, Session, fit_image, fitted_size,
+from mmagent.policy.base import (Generation, MediaBudget, Policy, SamplingConfig, Session, fit_image, fitted_size,
                                  visual_token_count)
 from mmagent.protocol import RESPONSE_CLOSE, RESPONSE_OPEN, STOP_STRINGS
 from toolbox.base import Observation
@@ -38,21 +38,6 @@ IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 VISION_START, VISION_END = "<|vision_start|>", "<|vision_end|>"
 VISION_INPUTS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
-
-
-@dataclass
-class SamplingConfig:
-    """How the next token is picked. ``temperature == 0`` is greedy."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-
-    def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
-        if not 0 < self.top_p <= 1:
-            raise ValueError("top_p must be in (0, 1]")
 
 
 @dataclass

@@ -41,8 +41,8 @@ from typing import Any, Sequence
 from PIL import Image
 
 from mmagent.media import EpisodeMedia
-from mmagent.policy.base import (PATCH_FACTOR, Generation, MediaBudget, Policy, Session, fit_image, fitted_size,
-                                 visual_token_count)
+from mmagent.policy.base import (PATCH_FACTOR, Generation, MediaBudget, Policy, SamplingConfig, Session, fit_image,
+                                 fitted_size, visual_token_count)
 from mmagent.policy.messages import (image_names, image_part, observation_parts, text_part, video_part)
 from mmagent.protocol import ANSWER_CLOSE, ANSWER_OPEN, CALL_CLOSE, CALL_OPEN, STOP_STRINGS
 from toolbox.base import Observation
@@ -55,18 +55,6 @@ TEMPORAL_PATCH = 2
 
 class OpenAIBackendError(RuntimeError):
     """The server could not be reached, answered an error, or sent something unreadable."""
-
-
-@dataclass
-class HTTPSampling:
-    temperature: float = 0.0
-    top_p: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
-        if not 0 < self.top_p <= 1:
-            raise ValueError("top_p must be in (0, 1]")
 
 
 @dataclass
@@ -107,7 +95,7 @@ class OpenAIPolicy(Policy):
         self.model = model
         self.api_key = api_key
         self.media_budget = media_budget or MediaBudget()
-        self.sampling = HTTPSampling(temperature, top_p)
+        self.sampling = SamplingConfig(temperature, top_p)
         self.timeout_s = timeout_s
         self.retries = max(0, int(retries))
         self.backoff_s = backoff_s
