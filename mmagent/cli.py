@@ -53,13 +53,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         if path is not None and not Path(path).is_file():
             return _fail(f"{kind} not found: {path}")
     try:
-        model = args.model
-        if model is None:
-            from mmagent.default_model import LABEL, default_model_path
+        model = _model_or_default(args.model)
+        if args.model is None and not args.json:
+            from mmagent.default_model import LABEL
 
-            model = str(default_model_path())
-            if not args.json:
-                print(f"Model: {LABEL}", flush=True)
+            print(f"Model: {LABEL}", flush=True)
         names = args.tools or ",".join(saved_policy_record(model).get("tools", ["resample_frames", "zoom"]))
         tools = [t.strip() for t in names.split(",") if t.strip()]
         budget = None
@@ -290,10 +288,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             tools = [t.strip() for t in args.tools.split(",") if t.strip()] if args.tools else list(spec.tools)
         budgets = Budgets(max_turns=args.max_turns or spec.max_turns,
                           max_new_tokens=args.max_new_tokens or spec.max_new_tokens)
-        if args.model is None and args.backend != "openai":
-            from mmagent.default_model import default_model_path
-
-            args.model = str(default_model_path())
+        if args.backend != "openai":
+            args.model = _model_or_default(args.model)
         media_budget = None
         if args.bench == "synth":
             from eval.benchmarks import synth
@@ -353,15 +349,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     from mmagent.serve import load_engine, make_server
 
-    model = args.model
-    if model is None:
-        from mmagent.default_model import default_model_path
-
-        try:
-            model = str(default_model_path())
-        except (OSError, ValueError) as exc:
-            return _fail(str(exc))
     try:
+        model = _model_or_default(args.model)
         engine = load_engine(model, device=args.device, served_name=args.served_model_name,
                              max_sessions=args.max_sessions)
         server = make_server(engine, args.host, args.port, verbose=args.verbose)
@@ -375,6 +364,69 @@ def cmd_serve(args: argparse.Namespace) -> int:
         pass
     finally:
         server.server_close()
+    return 0
+
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="open the Gradio demo: upload a video or image, ask, watch every step",
+                       description="Serve the Gradio demo at http://HOST:PORT: upload a video or an image (or pick "
+                                   "a toy-world example), ask a question and watch the agent's thoughts, tool calls "
+                                   "and the images the tools return; download the trajectory. Needs "
+                                   "`pip install 'mmagent[demo]'`.")
+    p.add_argument("--model", help="hub id or local folder (default: the built-in tiny model, trained on the toy "
+                                   "world only)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, this machine only; "
+                                                       "0.0.0.0 lets other machines in)")
+    p.add_argument("--port", type=int, default=7860, help="port (default: %(default)s)")
+    p.add_argument("--tools", help="comma-separated tool names (default: the ones the model was trained with, "
+                                   "else resample_frames,zoom)")
+    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=512, help="new tokens per turn (default: %(default)s)")
+    p.add_argument("--max-video-mb", type=float, default=200, help="largest video upload (default: %(default)s)")
+    p.add_argument("--max-image-mb", type=float, default=20, help="largest image upload (default: %(default)s)")
+    p.add_argument("--max-video-seconds", type=float, default=600, help="longest video (default: %(default)s)")
+    p.add_argument("--no-examples", action="store_true", help="do not build the toy-world examples")
+    p.set_defaults(func=cmd_demo)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    try:
+        import gradio  # noqa: F401
+    except ImportError:
+        return _fail("the demo needs Gradio, which is not installed: pip install 'mmagent[demo]'")
+    from demo.app import DemoRunner, build_app, default_work_dir, launch
+    from demo.examples import toy_examples
+    from demo.uploads import UploadLimits
+    from mmagent.policy.hf import HFPolicy, SamplingConfig, saved_policy_record
+
+    try:
+        limits = UploadLimits(max_video_mb=args.max_video_mb, max_image_mb=args.max_image_mb,
+                              max_video_s=args.max_video_seconds)
+        model = _model_or_default(args.model)
+        if args.model is None:
+            from mmagent.default_model import LABEL as label
+        else:
+            label = args.model
+        names = args.tools or ",".join(saved_policy_record(model).get("tools", ["resample_frames", "zoom"]))
+        tools = [t.strip() for t in names.split(",") if t.strip()]
+        print(f"Loading {model} ...", flush=True)
+        policy = HFPolicy.from_pretrained(model, device=args.device,
+                                          sampling=SamplingConfig(temperature=args.temperature))
+        work = default_work_dir()
+        runner = DemoRunner(policy, tools, work, limits=limits, max_new_tokens=args.max_new_tokens,
+                            model_label=label)
+    except (OSError, KeyError, ValueError) as exc:
+        return _fail(str(exc).strip("'\""))
+    examples = [] if args.no_examples else toy_examples(work / "examples")
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"Note: binding {args.host}: anyone who can reach this machine can use the demo.", flush=True)
+    try:
+        launch(build_app(runner, examples), host=args.host, port=args.port, limits=limits, allowed_paths=[str(work)])
+    except OSError as exc:
+        return _fail(f"cannot serve on {args.host}:{args.port}: {exc} (pick another --port)")
+    except KeyboardInterrupt:
+        pass
     return 0
 
 
@@ -393,6 +445,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from mmagent.policy.vllm_engine import VLLMUnavailable
     from training.config import ConfigError, load_config
 
     if args.stage == "sft":
@@ -404,7 +457,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if not cfg.model:
             raise ConfigError("set model: a hub id or a local folder (in the config or as model=...)")
         summary = train(cfg, progress=not args.quiet)
-    except (ConfigError, FileNotFoundError, ValueError, OSError) as exc:
+    except (ConfigError, FileNotFoundError, ValueError, OSError, VLLMUnavailable) as exc:
         return _fail(str(exc))
     finally:
         import torch.distributed as dist
@@ -424,8 +477,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_synth(sub)
     _add_eval(sub)
     _add_serve(sub)
+    _add_demo(sub)
     _add_train(sub)
     return parser
+
+
+def _model_or_default(model: str | None) -> str:
+    """``model``, or the built-in toy-world model's folder when it is None (FileNotFoundError if not installed)."""
+    if model is not None:
+        return model
+    from mmagent.default_model import default_model_path
+
+    return str(default_model_path())
 
 
 def _fail(message: str) -> int:

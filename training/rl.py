@@ -3,7 +3,9 @@
 Run it with ``mmagent train rl --config configs/rl_synth.yaml [key=value ...]``. One step:
 
 1. pick ``prompts_per_step`` tasks (seeded by step and process) and roll each out ``group_size`` times
-   through the :class:`~mmagent.agent.Agent` — sampling policy, real tools, real observations;
+   through the :class:`~mmagent.agent.Agent` — sampling policy, real tools, real observations; the
+   rollouts come from the trained model itself, or with ``rollout_backend=vllm`` from an in-process vLLM
+   engine that gets the new weights after every step (:mod:`training.vllm_rollouts`);
 2. score every episode (:mod:`training.rewards`: task + format + tool-efficiency terms);
 3. advantages per group (:mod:`training.advantages`): GRPO, or DGRPO, which re-weights them by the
    group's difficulty and by each task family's running success rate; groups whose rewards are all equal
@@ -44,6 +46,7 @@ from training.common import (LoraSettings, finish_logging, latest_checkpoint, lo
 from training.encode import encode_trajectory, forward_logits, next_token_targets
 from training.losses import AGGREGATIONS, policy_loss, token_logprobs
 from training.rewards import RewardConfig, reward_parts
+from training.vllm_rollouts import ROLLOUT_BACKENDS, push_weights, resolve_backend, start_engine
 
 #: tool calls per episode below which the log warns that tool use is collapsing (if the run began above it)
 TOOL_COLLAPSE_RATE = 0.1
@@ -87,6 +90,11 @@ class RLConfig:
     seed: int = 0
     resume: bool = True
     device: str | None = None
+    #: who generates the rollouts: hf (the trained model itself), vllm (an in-process vLLM engine, GPU,
+    #: weights pushed after every step) or auto (vllm when installed and a GPU is visible)
+    rollout_backend: str = "hf"
+    vllm_gpu_memory_utilization: float = 0.4
+    vllm_max_model_len: int = 16384
 
     def __post_init__(self) -> None:
         for name, kind in (("advantage", AdvantageConfig), ("rewards", RewardConfig), ("lora", LoraSettings)):
@@ -96,6 +104,8 @@ class RLConfig:
             raise ValueError("group_size must be at least 2: advantages compare rollouts of the same prompt")
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(f"unknown aggregation {self.aggregation!r}; use {', '.join(AGGREGATIONS)}")
+        if self.rollout_backend not in ROLLOUT_BACKENDS:
+            raise ValueError(f"unknown rollout_backend {self.rollout_backend!r}; use {', '.join(ROLLOUT_BACKENDS)}")
 
 
 def load_tasks(data: str, families: Sequence[str] | None = None) -> list[Task]:
@@ -159,8 +169,13 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> dict[str, Any]:
     optimizer = torch.optim.AdamW(trainable_parameters(trainable), lr=cfg.lr, weight_decay=cfg.weight_decay)
     model, optimizer = accelerator.prepare(trainable, optimizer)
     accelerator.init_trackers("rl", config={k: str(v) for k, v in asdict(cfg).items()})
-    agent = Agent(policy, tools=list(cfg.tools), budgets=Budgets(max_turns=cfg.max_turns,
-                                                                  max_new_tokens=cfg.max_new_tokens))
+    llm = None
+    rollout_policy: Any = policy
+    if resolve_backend(cfg.rollout_backend) == "vllm":
+        rollout_policy = start_engine(cfg, policy.media_budget, accelerator.num_processes)
+        llm = rollout_policy.llm
+    agent = Agent(rollout_policy, tools=list(cfg.tools), budgets=Budgets(max_turns=cfg.max_turns,
+                                                                          max_new_tokens=cfg.max_new_tokens))
     tracker = DifficultyTracker()
     step, history = 0, []
     ckpt = latest_checkpoint(out) if cfg.resume else None
@@ -169,10 +184,14 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> dict[str, Any]:
         step, history = state["step"], state["history"]
         tracker.load_state_dict(state["tracker"])
         accelerator.print(f"Resuming from {ckpt} (step {step})")
+        if llm is not None:
+            push_weights(llm, accelerator.unwrap_model(model))
     bar = tqdm(total=cfg.steps, initial=step, desc="rl", unit="step",
                disable=not progress or not accelerator.is_local_main_process)
     while step < cfg.steps:
         row = rl_step(cfg, policy, model, optimizer, agent, tasks, tracker, step, accelerator, reference)
+        if llm is not None:  # the next rollouts must come from the updated weights
+            push_weights(llm, accelerator.unwrap_model(model))
         step += 1
         history.append(row)
         accelerator.log({f"rl/{k}": v for k, v in row.items() if isinstance(v, (int, float))}, step=step)

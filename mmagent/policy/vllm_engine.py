@@ -15,8 +15,17 @@ them nor guesses the frame rate (the M-RoPE time positions need it).
 
 ``limit_mm_per_prompt`` (vLLM refuses more images per prompt than it says, default 1) is set from
 ``max_images`` (default 32) and one video; an episode that would go past it gets the extra images as a
-text note instead. Token ids stay empty in the session (the engine tokenizes the text); each turn's
-generated ids and the engine's prompt count are recorded, which is what the agent's budgets need.
+text note instead. By default token ids stay empty in the session (the engine tokenizes the text); each
+turn's generated ids and the engine's prompt count are recorded, which is what the agent's budgets need.
+
+``token_in_out=True`` (RL rollouts, :mod:`training.rl`) records the episode as the trainer needs it:
+the prompt is sent as token ids — our tokenization of the text with one placeholder per image, which
+vLLM expands itself (ids already expanded would be expanded again, silently wrong) — and each turn's
+generated ids are appended to them verbatim, never re-tokenized. ``RequestOutput.prompt_token_ids``
+comes back expanded, so the session's ``token_ids`` / ``loss_mask`` / ``logprobs`` are the expanded
+conversation, 1 on generated tokens, with the sampled tokens' log-probabilities (``SamplingParams(
+logprobs=0)``; start the engine with ``logprobs_mode="processed_logprobs"`` so they are taken after the
+temperature, as the trainer's ratio needs).
 """
 
 from __future__ import annotations
@@ -60,6 +69,8 @@ class VLLMSession(Session):
     fps: float | None = None
     context_tokens: int = 0
     turn: int = 0
+    #: token_in_out: the conversation as ids with one placeholder per image/video (what vLLM is sent)
+    prompt_ids: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -70,8 +81,11 @@ class VLLMPolicy(Policy):
     """A model in a ``vllm.LLM`` engine as the agent's policy."""
 
     def __init__(self, llm: Any, media_budget: MediaBudget | None = None, temperature: float = 0.0,
-                 top_p: float = 1.0, max_images: int = 32, patch_factor: int = PATCH_FACTOR) -> None:
+                 top_p: float = 1.0, max_images: int = 32, patch_factor: int = PATCH_FACTOR,
+                 token_in_out: bool = False) -> None:
         self.llm = llm
+        self.token_in_out = token_in_out
+        self.tokenizer = llm.get_tokenizer() if token_in_out else None
         self.media_budget = media_budget or MediaBudget()
         if temperature < 0 or not 0 < top_p <= 1:
             raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
@@ -82,7 +96,8 @@ class VLLMPolicy(Policy):
     @classmethod
     def from_pretrained(cls, model: str, media_budget: MediaBudget | None = None, temperature: float = 0.0,
                         top_p: float = 1.0, max_images: int = 32, max_model_len: int | None = 32768,
-                        gpu_memory_utilization: float = 0.9, seed: int = 0, **engine_kwargs: Any) -> "VLLMPolicy":
+                        gpu_memory_utilization: float = 0.9, seed: int = 0, token_in_out: bool = False,
+                        **engine_kwargs: Any) -> "VLLMPolicy":
         """Start an engine on ``model`` (hub id or folder); ``engine_kwargs`` go to ``vllm.LLM``."""
         vllm = import_vllm()
         if media_budget is None:
@@ -96,7 +111,10 @@ class VLLMPolicy(Policy):
             kwargs["max_model_len"] = max_model_len
         kwargs.update(engine_kwargs)
         return cls(vllm.LLM(**kwargs), media_budget=media_budget, temperature=temperature, top_p=top_p,
-                   max_images=max_images)
+                   max_images=max_images, token_in_out=token_in_out)
+
+    def _tokens(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     # ----- episode API ----------------------------------------------------------------------------
     def _fit(self, image: Image.Image, min_pixels: int, max_pixels: int) -> Image.Image:
@@ -133,6 +151,8 @@ class VLLMPolicy(Policy):
         session.prompt = render_chatml([{"role": "system", "content": system_prompt},
                                         {"role": "user", "content": content}])
         session.context_tokens = session.visual_tokens + math.ceil(len(session.prompt) / 3)
+        if self.token_in_out:
+            session.prompt_ids = self._tokens(session.prompt)
         return session
 
     def _request(self, session: VLLMSession) -> dict[str, Any]:
@@ -141,7 +161,8 @@ class VLLMPolicy(Policy):
             mm["image"] = list(session.images)
         if session.video is not None:
             mm["video"] = [session.video]
-        req: dict[str, Any] = {"prompt": session.prompt}
+        req: dict[str, Any] = ({"prompt_token_ids": list(session.prompt_ids)} if self.token_in_out
+                               else {"prompt": session.prompt})
         if mm:
             req["multi_modal_data"] = mm
             kwargs: dict[str, Any] = {"do_resize": False}
@@ -155,7 +176,8 @@ class VLLMPolicy(Policy):
         params = [vllm.SamplingParams(temperature=self.sampling["temperature"], top_p=self.sampling["top_p"],
                                       max_tokens=max_new_tokens, stop=list(STOP_STRINGS),
                                       include_stop_str_in_output=True, skip_special_tokens=True,
-                                      seed=(s.seed * 1_000_003 + s.turn) % 2 ** 31)
+                                      seed=(s.seed * 1_000_003 + s.turn) % 2 ** 31,
+                                      **({"logprobs": 0} if self.token_in_out else {}))
                   for s in sessions]
         t0 = time.perf_counter()
         outputs = self.llm.generate([self._request(s) for s in sessions], sampling_params=params, use_tqdm=False)
@@ -169,9 +191,27 @@ class VLLMPolicy(Policy):
             s.turn += 1
             s.prompt += done.text
             s.context_tokens = prompt_len + len(ids)
-            gens.append(Generation(text=done.text, token_ids=ids, logprobs=[], truncated=done.finish_reason == "length",
+            logprobs = self._record(s, list(out.prompt_token_ids or ()), ids, done.logprobs) if self.token_in_out else []
+            gens.append(Generation(text=done.text, token_ids=ids, logprobs=logprobs,
+                                   truncated=done.finish_reason == "length",
                                    prefill_tokens=max(0, prompt_len - cached), seconds=seconds))
         return gens
+
+    @staticmethod
+    def _record(s: VLLMSession, expanded_prompt: list[int], ids: list[int], logprobs: Any) -> list[float]:
+        """Grow the session's expanded ids by this turn's new prompt part (mask 0) and its generated ids (mask 1)."""
+        if expanded_prompt[:len(s.token_ids)] != s.token_ids:
+            raise RuntimeError(f"vLLM's prompt for turn {s.turn} does not extend the episode's earlier tokens: "
+                               "the engine's tokenizer or processor differs from the one the episode began with")
+        if not s.token_ids:
+            s.prompt_length = len(expanded_prompt)
+        if logprobs is None or len(logprobs) != len(ids):
+            raise RuntimeError("vLLM returned no log-probabilities for the sampled tokens (token_in_out needs them)")
+        lps = [float(step[tok].logprob) for step, tok in zip(logprobs, ids)]
+        s._append(expanded_prompt[len(s.token_ids):], policy=False)
+        s._append(ids, policy=True, logprobs=lps)
+        s.prompt_ids += ids
+        return lps
 
     def observe(self, session: VLLMSession, observation: Observation) -> int:
         b = self.media_budget
@@ -194,6 +234,8 @@ class VLLMPolicy(Policy):
         lines.append(RESPONSE_CLOSE)
         text = f"{IM_END}\n{IM_START}user\n" + "\n".join(lines) + f"{IM_END}\n{IM_START}assistant\n"
         session.prompt += text
+        if self.token_in_out:
+            session.prompt_ids += self._tokens(text)
         session.visual_tokens += added_visual
         added = added_visual + math.ceil(len(text) / 3)
         session.context_tokens += added
