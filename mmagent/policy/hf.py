@@ -8,6 +8,12 @@ segment — with explicit M-RoPE positions, then decodes token by token. ``Gener
 records how many tokens each turn ran through the model, which is how the reuse is measured;
 ``reuse_cache=False`` gives the re-encode-everything baseline (same outputs, more compute).
 
+Several open episodes generate their turns together (``batch_decode=True``, the default): each prefills
+its own new tokens on its own cache, then the caches are stacked, left-padded, and every decode step is
+one forward for all of them (with an attention mask over the padding and each row's own positions). An
+episode whose turn stops leaves the batch at once and gets its cache row back, so short turns never wait
+for long ones. Greedy results equal the one-at-a-time loop's token for token (the tests check this).
+
 Positions: Qwen2.5-VL's ``get_rope_index`` walks the sequence with a counter that text tokens
 advance by one and a vision block advances by ``max(h, w) / merge``. Every segment ends with text, so
 a segment's positions are its own ``get_rope_index`` shifted by the counter at its start; the test
@@ -123,13 +129,15 @@ class HFPolicy(Policy):
 
     def __init__(self, model: Any, processor: Any, media_budget: MediaBudget | None = None,
                  sampling: SamplingConfig | None = None, reuse_cache: bool = True,
-                 chooser: TokenChooser | None = None) -> None:
+                 chooser: TokenChooser | None = None, batch_decode: bool = True) -> None:
         self.model = model.eval()
         self.processor = processor
         self.tokenizer = processor.tokenizer
         self.media_budget = media_budget or MediaBudget()
         self.sampling = sampling or SamplingConfig()
         self.reuse_cache = reuse_cache
+        #: decode the open episodes together (one forward per token for all); False: one after another
+        self.batch_decode = batch_decode
         self.chooser: TokenChooser = chooser or Sampler(self.sampling)
         tok = self.tokenizer
         self.image_token = getattr(processor, "image_token", "<|image_pad|>")
@@ -321,32 +329,76 @@ class HFPolicy(Policy):
         tail = self.tokenizer.decode(generated[-16:], skip_special_tokens=False)
         return any(s in tail for s in STOP_STRINGS)
 
-    @torch.inference_mode()
-    def _generate_one(self, session: HFSession, max_new_tokens: int) -> Generation:
+    def _pick(self, turn: "_Turn", logits: torch.Tensor, max_new_tokens: int) -> None:
+        """Choose ``turn``'s next token from ``logits``; mark the turn done at a stop or the token limit."""
+        logits[self.suppress_ids.to(logits.device)] = float("-inf")
+        token = self.chooser.choose(logits, turn.session)
+        scale = self.sampling.temperature if self.sampling.temperature > 0 else 1.0
+        turn.logprobs.append(float(torch.log_softmax(logits / scale, dim=-1)[token]))
+        turn.generated.append(token)
+        if token in self.eos_ids or self._is_stop(turn.generated):
+            turn.done = True
+        elif len(turn.generated) >= max_new_tokens:
+            turn.done = turn.truncated = True
+
+    def _begin(self, session: HFSession) -> "_Turn":
         t0 = time.perf_counter()
         self.chooser.begin_turn(session, self.tokenizer)
         logits, prefilled = self._prefill(session)
-        start = session.counter
-        generated: list[int] = []
-        logprobs: list[float] = []
-        truncated = False
-        suppress = self.suppress_ids.to(logits.device)
+        turn = _Turn(session, start=session.counter, prefilled=prefilled, t0=t0)
+        turn.logits = logits
+        return turn
+
+    def _finish_turn(self, turn: "_Turn", seconds: float) -> Generation:
+        self.append_turn(turn.session, turn.generated, turn.logprobs)
+        text = self.tokenizer.decode(turn.generated, skip_special_tokens=True)
+        return Generation(text=text, token_ids=turn.generated, logprobs=turn.logprobs, truncated=turn.truncated,
+                          prefill_tokens=turn.prefilled, seconds=seconds)
+
+    @torch.inference_mode()
+    def _generate_one(self, session: HFSession, max_new_tokens: int) -> Generation:
+        turn = self._begin(session)
         while True:
-            logits[suppress] = float("-inf")
-            token = self.chooser.choose(logits, session)
-            scale = self.sampling.temperature if self.sampling.temperature > 0 else 1.0
-            logprobs.append(float(torch.log_softmax(logits / scale, dim=-1)[token]))
-            generated.append(token)
-            if token in self.eos_ids or self._is_stop(generated):
+            self._pick(turn, turn.logits, max_new_tokens)
+            if turn.done:
                 break
-            if len(generated) >= max_new_tokens:
-                truncated = True
-                break
-            logits = self._forward(session, [self._text_segment([token], start + len(generated) - 1)])
-        self.append_turn(session, generated, logprobs)
-        text = self.tokenizer.decode(generated, skip_special_tokens=True)
-        return Generation(text=text, token_ids=generated, logprobs=logprobs, truncated=truncated,
-                          prefill_tokens=prefilled, seconds=time.perf_counter() - t0)
+            turn.logits = self._forward(session, [self._text_segment([turn.generated[-1]],
+                                                                     turn.start + len(turn.generated) - 1)])
+        return self._finish_turn(turn, time.perf_counter() - turn.t0)
+
+    @torch.inference_mode()
+    def _generate_batched(self, sessions: Sequence[HFSession], max_new_tokens: int) -> list[Generation]:
+        """One turn of every session at once: each prefills its own new tokens (their lengths and images
+        differ), then all decode together, one token per step, over their caches stacked with left padding.
+        A session that stops leaves the batch at once (its cache row goes back to it); the others go on."""
+        t0 = time.perf_counter()
+        turns = [self._begin(s) for s in sessions]
+        for t in turns:
+            self._pick(t, t.logits, max_new_tokens)
+        active = [t for t in turns if not t.done]
+        batch = _StackedCache.of([t.session.cache for t in active], self.model.config) if active else None
+        dev = self.device
+        while active:
+            ids = torch.tensor([[t.generated[-1]] for t in active], device=dev)
+            positions = torch.stack([_text_positions(1, t.start + len(t.generated) - 1) for t in active], dim=1)
+            mask = batch.next_mask().to(dev)
+            out = self.model(input_ids=ids, position_ids=positions.to(dev), attention_mask=mask,
+                             mm_token_type_ids=torch.zeros_like(ids), cache=batch.cache, use_cache=True,
+                             logits_to_keep=1)
+            batch.grew()
+            logits = out.logits[:, -1].float()
+            for row, t in enumerate(active):
+                self._pick(t, logits[row], max_new_tokens)
+            keep = [row for row, t in enumerate(active) if not t.done]
+            for row, t in enumerate(active):
+                if t.done:
+                    t.session.cache = batch.unstack(row, self.model.config)
+            if len(keep) < len(active):
+                active = [active[row] for row in keep]
+                if active:
+                    batch.select(keep)
+        seconds = (time.perf_counter() - t0) / max(1, len(turns))
+        return [self._finish_turn(t, seconds) for t in turns]
 
     def append_turn(self, session: HFSession, ids: Sequence[int], logprobs: Sequence[float] | None = None) -> None:
         """Append a policy turn's tokens to the session as generation does (also how training re-encodes
@@ -359,12 +411,86 @@ class HFPolicy(Policy):
         session.turn += 1
 
     def generate(self, sessions: Sequence[HFSession], max_new_tokens: int) -> list[Generation]:
-        # One session after another: each has its own cache. Batched decoding is the vLLM backend's job.
+        if self.batch_decode and self.reuse_cache and len(sessions) > 1:
+            return self._generate_batched(sessions, max_new_tokens)
         return [self._generate_one(s, max_new_tokens) for s in sessions]
 
     def full_sequence_inputs(self, session: HFSession) -> dict[str, torch.Tensor]:
         """The whole conversation as one model input (for training and for checking positions)."""
         return concat_segments(session.segments)
+
+
+@dataclass
+class _Turn:
+    """A policy turn being generated."""
+
+    session: HFSession
+    start: int
+    prefilled: int
+    t0: float
+    logits: Any = None
+    generated: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    truncated: bool = False
+    done: bool = False
+
+
+class _StackedCache:
+    """Several sessions' KV caches as one batch, left-padded to the longest, with the attention mask."""
+
+    def __init__(self, cache: Any, lengths: list[int]) -> None:
+        self.cache = cache
+        self.lengths = lengths  # real tokens per row
+        self.width = max(lengths)
+
+    @classmethod
+    def of(cls, caches: Sequence[Any], config: Any) -> "_StackedCache":
+        from transformers import DynamicCache
+
+        lengths = [c.get_seq_length() for c in caches]
+        width = max(lengths)
+        data = []
+        for layer in range(len(caches[0].layers)):
+            ks, vs = [], []
+            for c, n in zip(caches, lengths):
+                k, v = c.layers[layer].keys, c.layers[layer].values
+                pad = (0, 0, width - n, 0)  # left-pad the sequence axis (dim -2)
+                ks.append(torch.nn.functional.pad(k, pad))
+                vs.append(torch.nn.functional.pad(v, pad))
+            data.append((torch.cat(ks), torch.cat(vs)))
+        return cls(DynamicCache(ddp_cache_data=data, config=config), lengths)
+
+    def next_mask(self) -> torch.Tensor:
+        """The attention mask for one more token on every row: 0 on each row's left padding."""
+        mask = torch.ones(len(self.lengths), self.width + 1, dtype=torch.long)
+        for row, n in enumerate(self.lengths):
+            mask[row, :self.width - n] = 0
+        return mask
+
+    def grew(self) -> None:
+        self.lengths = [n + 1 for n in self.lengths]
+        self.width += 1
+
+    def unstack(self, row: int, config: Any) -> Any:
+        """Row ``row`` as a cache of its own, without the padding."""
+        from transformers import DynamicCache
+
+        start = self.width - self.lengths[row]
+        data = [(layer.keys[row:row + 1, :, start:].clone(), layer.values[row:row + 1, :, start:].clone())
+                for layer in self.cache.layers]
+        return DynamicCache(ddp_cache_data=data, config=config)
+
+    def select(self, rows: list[int]) -> None:
+        index = torch.tensor(rows, dtype=torch.long)
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(0, index.to(layer.keys.device))
+            layer.values = layer.values.index_select(0, index.to(layer.values.device))
+        self.lengths = [self.lengths[r] for r in rows]
+        trim = self.width - max(self.lengths)  # columns that are padding on every remaining row
+        if trim:
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, trim:], layer.values[:, :, trim:]
+            self.width -= trim
 
 
 def _text_positions(n: int, start: int) -> torch.Tensor:
