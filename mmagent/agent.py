@@ -83,13 +83,17 @@ class Agent:
     """A policy plus a toolbox plus budgets."""
 
     def __init__(self, policy: Policy, tools: Sequence[str | Tool] | None = None, budgets: Budgets | None = None,
-                 system_prompt: str | None = None, max_workers: int = 8) -> None:
+                 system_prompt: str | None = None, max_workers: int = 8, max_open: int | None = None) -> None:
         self.policy = policy
         self.tools = {t.name: t for t in resolve_tools(list(tools) if tools is not None else None,
                                                        default=lambda: list(DEFAULT_TOOLS))}
         self.budgets = budgets or Budgets()
         self.system_prompt = system_prompt or render_system_prompt([t.schema() for t in self.tools.values()])
         self.max_workers = max_workers
+        if max_open is not None and max_open < 1:
+            raise ValueError("max_open must be at least 1")
+        #: episodes open at once in run_batch (None: all); when one ends the next waiting one starts
+        self.max_open = max_open
 
     @classmethod
     def from_pretrained(cls, model: str, tools: Sequence[str | Tool] | None = None, budgets: Budgets | None = None,
@@ -124,25 +128,40 @@ class Agent:
         An episode whose media cannot be opened ends with ``stop_reason == "error"`` (and the reason in
         ``info["error"]``) unless ``raise_media_errors``. ``seed`` is the first episode's seed (the k-th
         gets ``seed + k``) or one seed per task, so that an episode's seed need not depend on its batch.
+        With ``max_open`` set, at most that many episodes are open at once (memory stays bounded); each
+        one that ends lets the next waiting one start, so no slot waits for the slowest episode.
         """
         seeds = [seed + k for k in range(len(tasks))] if isinstance(seed, int) else [int(s) for s in seed]
         if len(seeds) != len(tasks):
             raise ValueError(f"{len(tasks)} tasks but {len(seeds)} seeds")
         episodes = [_Episode(task, Trajectory(task=task, system_prompt=self.system_prompt)) for task in tasks]
         bar = tqdm(total=len(episodes), desc="episodes", unit="ep", disable=not progress or len(episodes) < 2)
-        try:
-            for k, ep in enumerate(episodes):
+        cap = self.max_open or len(episodes)
+        waiting = list(range(len(episodes)))
+        running: list[_Episode] = []
+
+        def admit() -> None:
+            # Start waiting episodes until ``cap`` are open; one whose media fails ends at once.
+            while waiting and len(running) < cap:
+                k = waiting.pop(0)
+                ep = episodes[k]
                 try:
                     self._start(ep, (images or {}).get(k), seeds[k])
+                    running.append(ep)
                 except (MediaError, ToolError, OSError, ValueError) as exc:
                     if raise_media_errors:
                         raise MediaError(str(exc)) from exc
                     self._finish(ep, "error", error=str(exc))
                     bar.update(1)
+
+        try:
             with cf.ThreadPoolExecutor(max_workers=self.max_workers) as pool:
-                while open_eps := [ep for ep in episodes if not ep.done]:
-                    self._step(open_eps, pool, on_turn)
-                    bar.update(sum(ep.done for ep in open_eps))
+                admit()
+                while running:
+                    self._step(running, pool, on_turn)
+                    bar.update(sum(ep.done for ep in running))
+                    running[:] = [ep for ep in running if not ep.done]
+                    admit()
         finally:
             bar.close()
             for ep in episodes:

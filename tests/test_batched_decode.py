@@ -54,3 +54,33 @@ def test_the_built_in_model_greedy_rollouts_match(tmp_path):
     turns = {sum(t.role == "assistant" for t in x.turns) for x in bat}
     assert len(turns) > 1  # the batch really had episodes finishing at different turns
     _assert_same(seq, bat)
+
+
+class _Recording(HFPolicy):
+    """The real policy, noting which episodes (by task id and turn) each generate call batched."""
+
+    calls: list
+
+    def generate(self, sessions, max_new_tokens):
+        self.calls.append([(s.info["task_id"], s.turn) for s in sessions])
+        return super().generate(sessions, max_new_tokens)
+
+
+def test_waiting_episodes_join_as_others_finish(tiny_model_dir, video_path):
+    script = {"a": [CALL, CALL, CALL, "<answer>A</answer>"], "b": ["<answer>B</answer>"],
+              "c": [CALL, "<answer>C</answer>"], "d": ["<answer>D</answer>"], "e": [CALL, "<answer>E</answer>"]}
+    tasks = [Task(question="What colour?", video=str(video_path), id=k) for k in "abcde"]
+    seq, _ = _pair(tiny_model_dir, tasks, chooser=lambda: ReplayChooser(script), max_turns=6, max_new_tokens=80)
+    policy = _Recording.from_pretrained(str(tiny_model_dir), device="cpu", chooser=ReplayChooser(script))
+    policy.calls = []
+    agent = Agent(policy, tools=["resample_frames", "zoom", "web_search"], budgets=Budgets(max_turns=6, max_new_tokens=80),
+                  max_open=2)
+    capped = agent.run_batch(tasks, seed=0, progress=False)
+    _assert_same(seq, capped)
+    assert max(len(c) for c in policy.calls) == 2
+    # "a" runs four turns while b, c, d, e take the other slot in turn: a newcomer's first turn is batched
+    # with a's later ones
+    assert policy.calls[:3] == [[("a", 0), ("b", 0)], [("a", 1), ("c", 0)], [("a", 2), ("c", 1)]]
+    assert sorted(k for c in policy.calls for k, t in c if t == 0) == list("abcde")
+    with pytest.raises(ValueError, match="max_open must be at least 1"):
+        Agent(policy, max_open=0)

@@ -114,9 +114,11 @@ def test_upload_ask_and_watch_the_episode_in_chromium(served_demo, page):
     assert video_qa.question in chat and "calls resample_frames" in chat and f"Answer: {answer}" in chat
     assert '"num_frames"' in chat  # the call's arguments are on the page, not folded away
     # the gallery holds the prompt's frames and the frames the tool returned, drawn as images
-    page.wait_for_function("() => document.querySelectorAll('#mm-gallery img').length >= 16")
-    sizes = page.eval_on_selector_all("#mm-gallery img", "els => els.map(e => [e.naturalWidth, e.complete])")
-    assert all(w > 0 and done for w, done in sizes)
+    # (every one loaded and decoded: a broken image has naturalWidth 0 once complete)
+    page.wait_for_function("() => { const ims = [...document.querySelectorAll('#mm-gallery img')];"
+                           " return ims.length >= 16 && ims.every(e => e.complete); }")
+    widths = page.eval_on_selector_all("#mm-gallery img", "els => els.map(e => e.naturalWidth)")
+    assert len(widths) >= 16 and all(w > 0 for w in widths), widths
     gallery_text = page.inner_text("#mm-gallery")
     assert "prompt frame" in gallery_text and "resample_frames · obs:1" in gallery_text
     assert "not playable" not in page.inner_text("body")  # the example video is H.264: the player shows it
