@@ -377,6 +377,8 @@ class HFPolicy(Policy):
             self._pick(t, t.logits, max_new_tokens)
         active = [t for t in turns if not t.done]
         batch = _StackedCache.of([t.session.cache for t in active], self.model.config) if active else None
+        for t in active:
+            t.session.cache = None  # the stacked copy holds it now (one copy in memory); its row comes back below
         dev = self.device
         while active:
             ids = torch.tensor([[t.generated[-1]] for t in active], device=dev)
