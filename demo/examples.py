@@ -38,8 +38,8 @@ class Example:
 def toy_examples(folder: str | Path, families: Sequence[str] = EXAMPLE_FAMILIES) -> list[Example]:
     """Build one toy-world item per family in ``folder`` (a few seconds) and return them."""
     tasks = synth.build(Path(folder), per_family=1, seed=EXAMPLE_WORLD_SEED, families=list(families), progress=False)
-    return [Example(video=browser_playable(t.video) if t.video else None, image=t.image, question=t.question, options="\n".join(t.options or []),
-                    family=t.task_type) for t in tasks]
+    return [Example(video=browser_playable(t.video) if t.video else None, image=t.image, question=t.question,
+                    options="\n".join(t.options or []), family=t.task_type) for t in tasks]
 
 
 def browser_playable(path: str, crf: int = 10) -> str:

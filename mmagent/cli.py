@@ -45,7 +45,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from mmagent.agent import Agent, Budgets, format_turn
     from mmagent.media import MediaError
     from mmagent.policy.base import MediaBudget
-    from mmagent.policy.hf import saved_media_budget, saved_policy_record
+    from mmagent.policy.hf import saved_media_budget
     from mmagent.trajectory import save_jsonl
 
     for kind in ("video", "image"):
@@ -58,8 +58,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             from mmagent.default_model import LABEL
 
             print(f"Model: {LABEL}", flush=True)
-        names = args.tools or ",".join(saved_policy_record(model).get("tools", ["resample_frames", "zoom"]))
-        tools = [t.strip() for t in names.split(",") if t.strip()]
+        tools = _tool_names(args.tools, model)
         budget = None
         if args.frames is not None:
             budget = dataclasses.replace(saved_media_budget(model) or MediaBudget(), video_frames=args.frames)
@@ -398,7 +397,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from demo.app import DemoRunner, build_app, default_work_dir, launch
     from demo.examples import toy_examples
     from demo.uploads import UploadLimits
-    from mmagent.policy.hf import HFPolicy, SamplingConfig, saved_policy_record
+    from mmagent.policy.hf import HFPolicy, SamplingConfig
 
     try:
         limits = UploadLimits(max_video_mb=args.max_video_mb, max_image_mb=args.max_image_mb,
@@ -408,8 +407,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             from mmagent.default_model import LABEL as label
         else:
             label = args.model
-        names = args.tools or ",".join(saved_policy_record(model).get("tools", ["resample_frames", "zoom"]))
-        tools = [t.strip() for t in names.split(",") if t.strip()]
+        tools = _tool_names(args.tools, model)
         print(f"Loading {model} ...", flush=True)
         policy = HFPolicy.from_pretrained(model, device=args.device,
                                           sampling=SamplingConfig(temperature=args.temperature))
@@ -489,6 +487,15 @@ def _model_or_default(model: str | None) -> str:
     from mmagent.default_model import default_model_path
 
     return str(default_model_path())
+
+
+def _tool_names(option: str | None, model: str) -> list[str]:
+    """``--tools a,b`` as a list, else the tools ``model`` was trained with, else the agent's defaults."""
+    from mmagent.agent import DEFAULT_TOOLS
+    from mmagent.policy.hf import saved_policy_record
+
+    names = option or ",".join(saved_policy_record(model).get("tools", DEFAULT_TOOLS))
+    return [t.strip() for t in names.split(",") if t.strip()]
 
 
 def _fail(message: str) -> int:

@@ -181,7 +181,7 @@ def test_episode_view_of_a_budget_stop_without_answer(tiny_model_dir, video_path
     assert last.status.startswith("⚠️ stopped: turn limit reached") and last.answer == ""
 
 
-def test_export_refuses_nothing_and_round_trips(tiny_model_dir, video_path, tmp_path):
+def test_export_round_trips(tiny_model_dir, video_path, tmp_path):
     from mmagent import Agent
 
     policy = HFPolicy.from_pretrained(str(tiny_model_dir), device="cpu", chooser=ReplayChooser([RESAMPLE, ANSWER]))

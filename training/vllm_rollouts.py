@@ -22,9 +22,7 @@ ROLLOUT_BACKENDS = ("hf", "vllm", "auto")
 
 
 def resolve_backend(name: str) -> str:
-    """``hf`` or ``vllm`` for a configured ``rollout_backend``; ValueError for an unknown name."""
-    if name not in ROLLOUT_BACKENDS:
-        raise ValueError(f"unknown rollout_backend {name!r}; use {', '.join(ROLLOUT_BACKENDS)}")
+    """``hf`` or ``vllm`` for a ``rollout_backend`` that :class:`~training.rl.RLConfig` has checked."""
     if name == "auto":
         return "vllm" if importlib.util.find_spec("vllm") is not None and torch.cuda.is_available() else "hf"
     return name
