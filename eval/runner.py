@@ -1,20 +1,21 @@
 """Run an agent over a benchmark into a folder that survives crashes: predictions, trajectories, reports.
 
-``run_eval(bench, agent, tasks, out_dir)`` runs the tasks ``batch_size`` episodes at a time and leaves::
+``run_eval(bench, agent, tasks, out_dir)`` runs the tasks with ``batch_size`` episodes in flight and leaves::
 
     run.json            what the run is (benchmark, model, data, agent settings): resuming checks it
-    predictions.jsonl   one line per finished item: id, answer, score dict, stop reason, seconds, turns
+    predictions.jsonl   one line per finished item, in the order they finish: id, answer, score dict, stop
+                        reason, seconds, turns
     trajectories/       <safe id>.json per item (the whole episode) and <safe id>/ with the tool images
     summary.json        the benchmark's summary rows plus counts and the run's identity
     summary.md          the same as a Markdown table
     plot.png            accuracy by duration / distance / IoU threshold / category / family
     report.html         every item with its turns, thoughts, tool calls and returned frames and crops
 
-Crash safety: each batch's trajectories are written first (each atomically), then its prediction lines
-are appended and fsync'd — a prediction line is the commit point of an item. ``resume=True`` reads
+Crash safety: as each episode ends its trajectory is written first (atomically), then its prediction
+line is appended and fsync'd — a prediction line is the commit point of an item. ``resume=True`` reads
 ``predictions.jsonl`` back (a last line cut short by a kill is dropped and the file trimmed to its last
 whole line), skips the ids already there and appends the rest, so no item is lost or written twice.
-Every episode's seed is ``seed + its index in tasks``, whichever batch it lands in, so a resumed run
+Every episode's seed is ``seed + its index in tasks``, whatever runs beside it, so a resumed run
 gives what an uninterrupted one would.
 
 A folder that already holds files is only reused with ``resume=True``, and only if its ``run.json``
@@ -280,23 +281,22 @@ def run_eval(bench: ModuleType | str, agent: Agent, tasks: Sequence[Task], out_d
                dynamic_ncols=True)
     try:
         with open(pred_path, "a", encoding="utf-8") as pf:
-            for start in range(0, len(todo), batch_size):
-                chunk = todo[start:start + batch_size]
-                trajs = agent.run_batch([t for _, t in chunk], seed=[seed + k for k, _ in chunk], progress=False)
-                lines = []
-                for (_, task), traj in zip(chunk, trajs):
-                    score = dict(module.score(task, traj.answer))
-                    traj.rewards["task"] = float(score["score"])
-                    name = safe_id(task.id)
-                    _save_trajectory(traj, traj_dir, name)
-                    rec = _record(task, traj, score, name)
-                    done[task.id] = rec
-                    lines.append(json.dumps(strict_json(rec), ensure_ascii=False, default=_json_default) + "\n")
-                    scored.append(float(score["score"]))
-                pf.write("".join(lines))
+            # batch_size episodes in flight; each one that ends is written at once and the next task starts
+            episodes = agent.run_stream([t for _, t in todo], seed=[seed + k for k, _ in todo], progress=False,
+                                        max_open=batch_size)
+            for j, traj in episodes:
+                task = todo[j][1]
+                score = dict(module.score(task, traj.answer))
+                traj.rewards["task"] = float(score["score"])
+                name = safe_id(task.id)
+                _save_trajectory(traj, traj_dir, name)
+                rec = _record(task, traj, score, name)
+                done[task.id] = rec
+                pf.write(json.dumps(strict_json(rec), ensure_ascii=False, default=_json_default) + "\n")
                 pf.flush()
                 os.fsync(pf.fileno())
-                bar.update(len(chunk))
+                scored.append(float(score["score"]))
+                bar.update(1)
                 bar.set_postfix(score=f"{sum(scored) / len(scored):.3f}")
     finally:
         bar.close()

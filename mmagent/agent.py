@@ -1,8 +1,9 @@
 """The agent loop: prompt, generate, parse, run a tool, show its result, repeat — for many episodes at once.
 
-One step of :meth:`Agent.run_batch` asks the policy for the next turn of every open episode, parses
-each turn, runs the requested tools concurrently (each call under its own timeout, on its episode's
-media only), and appends every observation to its episode. A malformed call, an unknown tool, bad
+:meth:`Agent.run_batch` keeps many episodes in flight. The policy's turn stream generates for every
+episode that is ready; each finished turn is parsed at once, its tool runs in a thread pool (under its own
+timeout, on its episode's media only) while the others keep generating, and the observation is appended
+as soon as it is in, which puts the episode back in the stream. A malformed call, an unknown tool, bad
 arguments, a tool that raises or times out — each becomes an error observation the model reads on
 its next turn; the episode goes on. Episodes end with an answer or a budget stop (turns, context
 tokens); a visual-token budget turns further images into a text note instead.
@@ -17,13 +18,13 @@ import concurrent.futures as cf
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from PIL import Image
 from tqdm.auto import tqdm
 
 from mmagent.media import EpisodeMedia, MediaError
-from mmagent.policy.base import MediaBudget, Policy, Session
+from mmagent.policy.base import Generation, MediaBudget, Policy, Session, TurnStream
 from mmagent.protocol import Answer, ProtocolError, ToolCall, describe_media, parse_turn, render_system_prompt
 from mmagent.trajectory import Task, ToolCallRecord, Trajectory, Turn
 from toolbox.base import Observation, Tool, ToolError
@@ -79,6 +80,61 @@ class _Episode:
     started: float = field(default_factory=time.perf_counter)
 
 
+@dataclass
+class _ToolRun:
+    """A tool call in the pool; its timeout counts from when a worker starts it (see ``_Run.write_off`` for
+    what keeps queued calls from waiting behind stuck ones)."""
+
+    ep: _Episode
+    call: ToolCall
+    timeout: float
+    started: float | None = None
+
+
+@dataclass
+class _Run:
+    """The moving parts of one ``run_batch``."""
+
+    stream: TurnStream
+    workers: int
+    on_turn: Callable[[Turn], None] | None
+    raise_media_errors: bool
+    starting: dict[cf.Future, _Episode] = field(default_factory=dict)
+    tools: dict[cf.Future, _ToolRun] = field(default_factory=dict)
+    by_session: dict[int, _Episode] = field(default_factory=dict)
+    pool: cf.ThreadPoolExecutor = field(init=False)
+    jobs: dict[cf.Future, tuple[Callable[..., Any], tuple[Any, ...]]] = field(default_factory=dict)
+    stuck: int = 0  # workers of the current pool held by calls that timed out
+
+    def __post_init__(self) -> None:
+        self.pool = cf.ThreadPoolExecutor(max_workers=self.workers)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> cf.Future:
+        future = self.pool.submit(fn, *args)
+        self.jobs[future] = (fn, args)
+        return future
+
+    def done_with(self, future: cf.Future) -> None:
+        self.jobs.pop(future, None)
+
+    def write_off(self) -> None:
+        """A call ran past its timeout; its thread cannot be stopped. Once every worker of the pool is held
+        that way, a fresh pool takes over, and the jobs still queued in the old one move to it."""
+        self.stuck += 1
+        if self.stuck < self.workers:
+            return
+        old, self.pool, self.stuck = self.pool, cf.ThreadPoolExecutor(max_workers=self.workers), 0
+        for future, (fn, args) in list(self.jobs.items()):
+            if future.cancel():  # not started yet
+                self.done_with(future)
+                moved = self.submit(fn, *args)
+                if future in self.starting:
+                    self.starting[moved] = self.starting.pop(future)
+                if future in self.tools:
+                    self.tools[moved] = self.tools.pop(future)
+        old.shutdown(wait=False)
+
+
 class Agent:
     """A policy plus a toolbox plus budgets."""
 
@@ -122,54 +178,94 @@ class Agent:
 
     def run_batch(self, tasks: Sequence[Task], seed: int | Sequence[int] = 0, progress: bool = True,
                   on_turn: Callable[[Turn], None] | None = None, raise_media_errors: bool = False,
-                  images: dict[int, Image.Image] | None = None) -> list[Trajectory]:
-        """Run many episodes at once; returns one trajectory per task, in order.
+                  images: dict[int, Image.Image] | None = None, max_open: int | None = None) -> list[Trajectory]:
+        """Run many episodes at once; returns one trajectory per task, in order (see :meth:`run_stream`)."""
+        trajs: list[Trajectory | None] = [None] * len(tasks)
+        for k, traj in self.run_stream(tasks, seed=seed, progress=progress, on_turn=on_turn,
+                                       raise_media_errors=raise_media_errors, images=images, max_open=max_open):
+            trajs[k] = traj
+        return trajs  # type: ignore[return-value]
+
+    def run_stream(self, tasks: Sequence[Task], seed: int | Sequence[int] = 0, progress: bool = True,
+                   on_turn: Callable[[Turn], None] | None = None, raise_media_errors: bool = False,
+                   images: dict[int, Image.Image] | None = None, max_open: int | None = None
+                   ) -> Iterator[tuple[int, Trajectory]]:
+        """Run many episodes at once, yielding ``(index in tasks, trajectory)`` as each one ends.
 
         An episode whose media cannot be opened ends with ``stop_reason == "error"`` (and the reason in
         ``info["error"]``) unless ``raise_media_errors``. ``seed`` is the first episode's seed (the k-th
         gets ``seed + k``) or one seed per task, so that an episode's seed need not depend on its batch.
-        With ``max_open`` set, at most that many episodes are open at once (memory stays bounded); each
-        one that ends lets the next waiting one start, so no slot waits for the slowest episode.
+        With ``max_open`` (default: the agent's), at most that many episodes are open at once (memory stays
+        bounded); each one that ends lets the next waiting one start. Nothing is kept once yielded, so a
+        caller that writes each result out can stream any number of tasks.
+
+        Nothing waits for the slowest episode: media are opened and tools run in a thread pool while the
+        policy's :class:`~mmagent.policy.base.TurnStream` keeps generating for the episodes that are
+        ready, and an episode rejoins it as soon as its tool result is in (with the transformers backend,
+        between two decoded tokens). ``on_turn`` is called from this thread, in each episode's order.
         """
         seeds = [seed + k for k in range(len(tasks))] if isinstance(seed, int) else [int(s) for s in seed]
         if len(seeds) != len(tasks):
             raise ValueError(f"{len(tasks)} tasks but {len(seeds)} seeds")
-        episodes = [_Episode(task, Trajectory(task=task, system_prompt=self.system_prompt)) for task in tasks]
-        bar = tqdm(total=len(episodes), desc="episodes", unit="ep", disable=not progress or len(episodes) < 2)
-        cap = self.max_open or len(episodes)
-        waiting = list(range(len(episodes)))
-        running: list[_Episode] = []
-
-        def admit() -> None:
-            # Start waiting episodes until ``cap`` are open; one whose media fails ends at once.
-            while waiting and len(running) < cap:
-                k = waiting.pop(0)
-                ep = episodes[k]
-                try:
-                    self._start(ep, (images or {}).get(k), seeds[k])
-                    running.append(ep)
-                except (MediaError, ToolError, OSError, ValueError) as exc:
-                    if raise_media_errors:
-                        raise MediaError(str(exc)) from exc
-                    self._finish(ep, "error", error=str(exc))
-                    bar.update(1)
-
+        if max_open is not None and max_open < 1:
+            raise ValueError("max_open must be at least 1")
+        cap = max_open or self.max_open or len(tasks)
+        bar = tqdm(total=len(tasks), desc="episodes", unit="ep", disable=not progress or len(tasks) < 2)
+        run = _Run(stream=self.policy.stream(self.budgets.max_new_tokens), workers=self.max_workers,
+                   on_turn=on_turn, raise_media_errors=raise_media_errors)
+        waiting = list(range(len(tasks)))
+        opened: list[tuple[int, _Episode]] = []
         try:
-            with cf.ThreadPoolExecutor(max_workers=self.max_workers) as pool:
-                admit()
-                while running:
-                    self._step(running, pool, on_turn)
-                    bar.update(sum(ep.done for ep in running))
-                    running[:] = [ep for ep in running if not ep.done]
-                    admit()
+            while waiting or opened:
+                while waiting and len(opened) < cap:
+                    k = waiting.pop(0)
+                    ep = _Episode(tasks[k], Trajectory(task=tasks[k], system_prompt=self.system_prompt))
+                    opened.append((k, ep))
+                    self._open(run, ep, (images or {}).get(k), seeds[k])
+                # An episode can only join the stream when its start or tool call is done: wait for one of
+                # those when the stream is empty, or for all of them when the stream cannot take late joiners.
+                self._collect(run, block=len(run.stream) == 0, wait_all=not run.stream.joins_running)
+                if len(run.stream):
+                    for session, gen in run.stream.step():
+                        self._on_generation(run, run.by_session.pop(id(session)), gen)
+                ended = [(k, ep) for k, ep in opened if ep.done]
+                if ended:
+                    opened = [(k, ep) for k, ep in opened if not ep.done]
+                    bar.update(len(ended))
+                    for k, ep in ended:
+                        yield k, ep.trajectory
         finally:
+            # A tool thread stuck past its timeout is not waited for (its result was already dropped).
+            run.pool.shutdown(wait=False, cancel_futures=True)
+            run.stream.close()
             bar.close()
-            for ep in episodes:
+            for _, ep in opened:
                 if not ep.done:
                     self._finish(ep, "error", error="interrupted")
-        return [ep.trajectory for ep in episodes]
 
     # ----- the loop -------------------------------------------------------------------------------
+    def _open(self, run: "_Run", ep: _Episode, image: Image.Image | None, seed: int) -> None:
+        """Start ``ep`` (in the pool when the policy allows it); it joins the stream once its prompt is in."""
+        if self.policy.thread_safe_start:
+            run.starting[run.submit(self._start, ep, image, seed)] = ep
+            return
+        try:
+            self._start(ep, image, seed)
+        except (MediaError, ToolError, OSError, ValueError) as exc:
+            self._start_failed(run, ep, exc)
+            return
+        self._join(run, ep)
+
+    def _start_failed(self, run: "_Run", ep: _Episode, exc: BaseException) -> None:
+        if run.raise_media_errors:
+            raise MediaError(str(exc)) from exc
+        self._finish(ep, "error", error=str(exc))
+
+    def _join(self, run: "_Run", ep: _Episode) -> None:
+        """Hand ``ep`` to the stream for its next turn."""
+        run.by_session[id(ep.session)] = ep
+        run.stream.add(ep.session)
+
     def _start(self, ep: _Episode, image: Image.Image | None, seed: int) -> None:
         task = ep.task
         ep.media = EpisodeMedia(video=task.video, image=image if image is not None else task.image)
@@ -187,52 +283,98 @@ class Agent:
         ep.trajectory.user_prompt = user
         ep.trajectory.timings["prompt_s"] = time.perf_counter() - t0
 
-    def _step(self, episodes: list[_Episode], pool: cf.ThreadPoolExecutor,
-              on_turn: Callable[[Turn], None] | None) -> None:
-        b = self.budgets
-        gens = self.policy.generate([ep.session for ep in episodes], b.max_new_tokens)
-        calls: list[tuple[_Episode, ToolCall, cf.Future]] = []
-        for ep, gen in zip(episodes, gens):
-            ep.turns += 1
-            parsed = parse_turn(gen.text, list(self.tools), truncated=gen.truncated)
-            action = parsed.action
-            turn = Turn(role="assistant", text=gen.text, num_tokens=gen.num_tokens,
-                        prefill_tokens=gen.prefill_tokens, seconds=gen.seconds)
-            ep.trajectory.turns.append(turn)
-            if isinstance(action, ToolCall):
-                turn.tool_call = ToolCallRecord(action.name, action.arguments)
-            elif isinstance(action, ProtocolError):
-                turn.error = action.kind
-            _notify(on_turn, turn)
-            if isinstance(action, Answer):
-                ep.trajectory.answer = action.text
-                self._finish(ep, "answer")
-            elif ep.turns >= b.max_turns:
-                self._finish(ep, "max_turns")
-            elif isinstance(action, ToolCall):
-                calls.append((ep, action, pool.submit(self._call_tool, action, ep.media)))
-            else:
-                self._show(ep, Observation.error(action.message), on_turn, tool_name=None)
-        for ep, call, future in calls:
-            tool = self.tools[call.name]
-            timeout = b.tool_timeout_s if b.tool_timeout_s is not None else tool.timeout_s
-            t0 = time.perf_counter()
-            try:
-                obs = future.result(timeout=timeout)
-            except cf.TimeoutError:
-                # The thread cannot be killed; its result is dropped when it finishes.
-                obs = Observation.error(f"{call.name} took longer than {timeout:g} s and was stopped")
-                obs.data["timeout"] = True
-            self._show(ep, obs, on_turn, tool_name=call.name, seconds=time.perf_counter() - t0)
+    def _collect(self, run: "_Run", block: bool, wait_all: bool) -> None:
+        """Take in finished starts and tool calls (and tool calls past their timeout)."""
+        while run.starting or run.tools:
+            pending = list(run.starting) + list(run.tools)
+            if block or wait_all:
+                # Poll: a tool's timeout only starts when a worker picks it up.
+                cf.wait(pending, timeout=0.05, return_when=cf.FIRST_COMPLETED)
+            progressed = False
+            for future in [f for f in run.starting if f.done()]:
+                ep = run.starting.pop(future)
+                run.done_with(future)
+                progressed = True
+                exc = future.exception()
+                if exc is None:
+                    self._join(run, ep)
+                elif isinstance(exc, (MediaError, ToolError, OSError, ValueError)):
+                    self._start_failed(run, ep, exc)
+                else:
+                    raise exc
+            now = time.perf_counter()
+            for future, call in list(run.tools.items()):
+                if future not in run.tools:  # moved to a fresh pool by write_off below
+                    continue
+                if future.done():
+                    obs = future.result()
+                    run.done_with(future)
+                elif call.started is not None and now - call.started > call.timeout:
+                    # The thread cannot be killed; its result is dropped when it finishes.
+                    obs = Observation.error(f"{call.call.name} took longer than {call.timeout:g} s and was stopped")
+                    obs.data["timeout"] = True
+                    run.done_with(future)
+                    run.write_off()
+                else:
+                    continue
+                del run.tools[future]
+                progressed = True
+                self._observe(run, call.ep, obs, tool_name=call.call.name,
+                              seconds=now - (call.started if call.started is not None else now))
+            if not wait_all and (progressed or not block):
+                return
 
-    def _call_tool(self, call: ToolCall, media: EpisodeMedia) -> Observation:
-        tool = self.tools[call.name]
+    def _on_generation(self, run: "_Run", ep: _Episode, gen: Generation) -> None:
+        """Record a finished policy turn and act on it: answer, budget stop, tool call or error."""
+        ep.turns += 1
+        parsed = parse_turn(gen.text, list(self.tools), truncated=gen.truncated)
+        action = parsed.action
+        turn = Turn(role="assistant", text=gen.text, num_tokens=gen.num_tokens,
+                    prefill_tokens=gen.prefill_tokens, seconds=gen.seconds)
+        ep.trajectory.turns.append(turn)
+        if isinstance(action, ToolCall):
+            turn.tool_call = ToolCallRecord(action.name, action.arguments)
+        elif isinstance(action, ProtocolError):
+            turn.error = action.kind
+        _notify(run.on_turn, turn)
+        if isinstance(action, Answer):
+            ep.trajectory.answer = action.text
+            self._finish(ep, "answer")
+        elif ep.turns >= self.budgets.max_turns:
+            self._finish(ep, "max_turns")
+        elif isinstance(action, ToolCall):
+            tool = self.tools[action.name]
+            timeout = self.budgets.tool_timeout_s if self.budgets.tool_timeout_s is not None else tool.timeout_s
+            call = _ToolRun(ep, action, timeout)
+            run.tools[run.submit(self._call_tool, call)] = call
+        else:
+            self._observe(run, ep, Observation.error(action.message), tool_name=None)
+
+    def _observe(self, run: "_Run", ep: _Episode, obs: Observation, tool_name: str | None,
+                 seconds: float = 0.0) -> None:
+        self._show(ep, obs, run.on_turn, tool_name=tool_name, seconds=seconds)
+        if not ep.done:
+            self._join(run, ep)
+
+    def _call_tool(self, run: "_ToolRun") -> Observation:
+        run.started = time.perf_counter()
+        call, tool = run.call, self.tools[run.call.name]
         try:
-            return tool(call.arguments, media)
+            obs = tool(call.arguments, run.ep.media)
         except ToolError as exc:
             return Observation.error(str(exc))
-        except Exception as exc:  # a tool bug must not end the episode; the model and the log see it
+        except (Exception, SystemExit) as exc:  # a tool bug (even a library's sys.exit) must not end the run
             return Observation.error(f"{call.name} failed: {type(exc).__name__}: {exc}")
+        # What the policy cannot encode would fail the whole batch in _show: refuse it here, for this call only.
+        from mmagent.media import MAX_ASPECT_RATIO
+
+        if not isinstance(obs, Observation):
+            return Observation.error(f"{call.name} failed: it returned a {type(obs).__name__}, not an Observation")
+        bad = [f"{im.width}x{im.height}" if isinstance(im, Image.Image) else type(im).__name__ for im in obs.images
+               if not isinstance(im, Image.Image) or min(im.size) < 1 or max(im.size) > MAX_ASPECT_RATIO * min(im.size)]
+        if bad:
+            return Observation.error(f"{call.name} failed: it returned images that cannot be shown ({', '.join(bad)})")
+        return obs
 
     def _show(self, ep: _Episode, obs: Observation, on_turn: Callable[[Turn], None] | None,
               tool_name: str | None, seconds: float = 0.0) -> None:

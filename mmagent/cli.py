@@ -211,7 +211,8 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
                                                 "ending in .json keeps the older meaning: the scores are written "
                                                 "there and the run folder is that path without .json")
     p.add_argument("--resume", action="store_true", help="continue the run in --out, skipping finished items")
-    p.add_argument("--batch-size", type=int, default=8, help="episodes run together (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=8,
+                   help="episodes in flight at once; as one ends the next starts (default: %(default)s)")
     p.add_argument("--tools", help="comma-separated tools to offer (default: the benchmark's own)")
     p.add_argument("--no-tools", action="store_true", help="offer the model no tools")
     p.add_argument("--max-turns", type=int, help="policy turns per episode (default: the benchmark's)")

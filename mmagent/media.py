@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, Sequence, TypeVar
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageOps
 
 from toolbox.base import Frame, ToolError
 
@@ -31,6 +31,8 @@ Annotate = Callable[[np.ndarray, float], None]
 
 #: images larger than this many pixels are refused (a decompression bomb guard)
 MAX_IMAGE_PIXELS = 64_000_000
+#: images and videos longer on one side than this many times the other are refused (qwen-vl-utils' limit)
+MAX_ASPECT_RATIO = 200
 BACKENDS = ("decord", "pyav", "opencv")
 
 
@@ -73,10 +75,14 @@ class VideoReader:
     def _check(self) -> None:
         if not (self.fps > 0 and math.isfinite(self.fps)) or self.num_frames <= 0:
             raise MediaError(f"{self.path}: no decodable frames (fps={self.fps}, frames={self.num_frames})")
+        _check_aspect(self.width, self.height, self.path)
 
     def index_at(self, t: float) -> int:
-        """Index of the frame on screen at time ``t`` seconds (clamped to the video)."""
-        return int(min(max(math.floor(t * self.fps + 1e-6), 0), self.num_frames - 1))
+        """Index of the frame on screen at time ``t`` seconds (clamped to the video; NaN is its start)."""
+        x = t * self.fps + 1e-6
+        if not math.isfinite(x):
+            return self.num_frames - 1 if x > 0 else 0
+        return int(min(max(math.floor(x), 0), self.num_frames - 1))
 
     def frames_at(self, timestamps: Sequence[float], annotate: Annotate | None = None) -> list[Frame]:
         """Frames shown at ``timestamps`` (seconds), in the order asked, each with its real timestamp.
@@ -87,7 +93,14 @@ class VideoReader:
         if not timestamps:
             return []
         with self._lock:
-            pairs = self._arrays_at([float(t) for t in timestamps])
+            try:
+                pairs = self._arrays_at([float(t) for t in timestamps])
+            except MediaError:
+                raise
+            except Exception as exc:  # each library raises its own types, also after the file opened fine
+                where = ", ".join(f"{float(t):.2f}s" for t in timestamps[:4]) + (", ..." if len(timestamps) > 4 else "")
+                raise MediaError(f"{self.path}: {self.backend} could not decode the frames at {where} "
+                                 f"({type(exc).__name__}: {str(exc)[:200]})") from None
         frames = []
         for arr, t in pairs:
             if annotate is not None:
@@ -182,9 +195,22 @@ class PyAVReader(VideoReader):
         self.num_frames = int(self._stream.frames or 0)
         if self.num_frames <= 0 and self._stream.duration and self._stream.time_base:
             self.num_frames = int(round(float(self._stream.duration * self._stream.time_base) * self.fps))
+        if self.num_frames <= 0 and self._container.duration:  # Matroska/WebM: only the container knows
+            self.num_frames = int(round(self._container.duration / av.time_base * self.fps))
         self.width = int(self._stream.codec_context.width)
         self.height = int(self._stream.codec_context.height)
+        #: quarter turns counter-clockwise that make the frames upright (the display matrix of phone videos)
+        self._turns = self._quarter_turns()
+        if self._turns % 2:
+            self.width, self.height = self.height, self.width
         self._check()
+
+    def _quarter_turns(self) -> int:
+        try:  # _arrays_at seeks before it decodes, so reading ahead here costs nothing later
+            frame = next(self._container.decode(self._stream))
+        except Exception:  # no frame at all: _check or the first decode reports it
+            return 0
+        return round(float(getattr(frame, "rotation", 0) or 0) / 90) % 4
 
     def _arrays_at(self, timestamps: list[float]) -> list[tuple[np.ndarray, float]]:
         wanted = sorted(set(self.index_at(t) for t in timestamps))
@@ -209,7 +235,8 @@ class PyAVReader(VideoReader):
                     break
             if last is None:
                 raise MediaError(f"{self.path}: PyAV could not decode a frame at {target:.2f}s")
-            found[i] = last.to_ndarray(format="rgb24")
+            arr = last.to_ndarray(format="rgb24")
+            found[i] = np.ascontiguousarray(np.rot90(arr, self._turns)) if self._turns else arr
         out = []
         for t in timestamps:
             i = self.index_at(t)
@@ -234,41 +261,65 @@ def open_video(path: str | os.PathLike, backends: Sequence[str] = BACKENDS, time
     for name in backends:
         if name not in _READERS:
             raise ValueError(f"unknown video backend {name!r}; choose from {', '.join(_READERS)}")
+        reader = None
         try:
-            reader = call_with_timeout(lambda: _READERS[name](p), timeout_s, f"opening {p} with {name}")
+            reader = call_with_timeout(lambda cls=_READERS[name]: cls(p), timeout_s, f"opening {p} with {name}")
             # A reader that opens but cannot decode its first frame is no use.
-            call_with_timeout(lambda: reader.frames_at([0.0]), timeout_s, f"decoding {p} with {name}")
+            call_with_timeout(lambda r=reader: r.frames_at([0.0]), timeout_s, f"decoding {p} with {name}")
             return reader
         except Exception as exc:  # each library raises its own types
             errors.append(f"{name}: {type(exc).__name__}: {exc}")
+            if reader is not None:
+                reader.close()
     raise MediaError(f"cannot read video {p}: " + "; ".join(errors))
 
 
 def load_image(source: str | os.PathLike | Image.Image) -> Image.Image:
-    """Load an image as RGB (alpha composited on white); refuse empty, corrupt or oversized files."""
+    """Load an image as upright 8-bit RGB; refuse empty, corrupt, oversized or needle-thin ones.
+
+    Transparency (RGBA, LA, palette or colour-keyed) is composited on white, 16-bit and float greyscale
+    is scaled to 8 bits, and the EXIF orientation of phone photos is applied.
+    """
     if isinstance(source, Image.Image):
-        image = source
-    else:
-        p = Path(source)
-        if not p.is_file():
-            raise MediaError(f"image not found: {p}")
-        try:
-            with Image.open(p) as im:
-                if im.width * im.height > MAX_IMAGE_PIXELS:
-                    raise MediaError(f"{p}: {im.width}x{im.height} is over {MAX_IMAGE_PIXELS:,} pixels")
-                im.load()
-                image = im.copy()
-        except MediaError:
-            raise
-        except Exception as exc:
-            raise MediaError(f"cannot read image {p}: {exc}") from None
+        return _to_rgb(source, "image")
+    p = Path(source)
+    if not p.is_file():
+        raise MediaError(f"image not found: {p}")
+    try:
+        with Image.open(p) as im:
+            if im.width * im.height > MAX_IMAGE_PIXELS:
+                raise MediaError(f"{p}: {im.width}x{im.height} is over {MAX_IMAGE_PIXELS:,} pixels")
+            im.load()
+            return _to_rgb(im, p)
+    except MediaError:
+        raise
+    except Exception as exc:
+        raise MediaError(f"cannot read image {p}: {exc}") from None
+
+
+def _to_rgb(image: Image.Image, name: object) -> Image.Image:
     if image.width * image.height > MAX_IMAGE_PIXELS:
         raise MediaError(f"image of {image.width}x{image.height} is over {MAX_IMAGE_PIXELS:,} pixels")
-    if image.mode == "RGBA" or (image.mode == "P" and "transparency" in image.info):
+    _check_aspect(image.width, image.height, name)
+    image = ImageOps.exif_transpose(image)  # phone photos are stored sideways and shown upright
+    if image.mode in ("I", "F") or image.mode.startswith("I;16"):
+        # 16-bit and float greyscale: scale to 8 bits (convert() would clip everything over 255 to white)
+        arr = np.asarray(image, dtype=np.float64)
+        top = float(arr.max()) if arr.size else 0.0
+        peak = (65535.0 if image.mode.startswith("I;16") or (image.mode == "I" and top > 255)
+                else 1.0 if image.mode == "F" and top <= 1.0 else 255.0)
+        image = Image.fromarray(np.clip(np.rint(arr * (255.0 / peak)), 0, 255).astype(np.uint8), "L")
+    if image.has_transparency_data:  # RGBA, LA, PA, and palette, grey or RGB images with a transparent colour
         rgba = image.convert("RGBA")
         image = Image.new("RGB", rgba.size, (255, 255, 255))
         image.paste(rgba, mask=rgba.split()[3])
     return image.convert("RGB")
+
+
+def _check_aspect(width: int, height: int, name: object) -> None:
+    if min(width, height) > 0 and max(width, height) / min(width, height) > MAX_ASPECT_RATIO:
+        raise MediaError(f"{name}: {width}x{height} is more than {MAX_ASPECT_RATIO} times longer on one side "
+                         "than the other, which the model cannot be shown")
 
 
 _FRAME_HANDLE = re.compile(r"^frame@(-?\d+(?:\.\d+)?)s?$")
@@ -338,7 +389,8 @@ class EpisodeMedia:
                 raise ToolError("this episode has no video, so there are no frames")
             t = float(m.group(1))
             if not 0 <= t <= video.duration:
-                raise ToolError(f"frame time {t:.2f}s is outside the video (0.00s to {video.duration:.2f}s)")
+                shown = f"{t:.2f}s" if abs(t) < 1e9 else f"{t:.3g}s"
+                raise ToolError(f"frame time {shown} is outside the video (0.00s to {video.duration:.2f}s)")
             return video.frames_at([min(t, video.duration - 0.5 / video.fps)])[0].image
         raise ToolError(f"unknown image handle {handle!r}; use 'image', 'frame@<seconds>' or 'obs:<n>'")
 

@@ -69,9 +69,35 @@ def _finite_float(token: str) -> float:
     return value
 
 
+def _finite_int(token: str) -> int:
+    if len(token.lstrip("-")) > 308:  # no float can hold it: every tool would fail converting it
+        raise ValueError(f"{token[:12]}... ({len(token)} digits) is out of range")
+    return int(token)
+
+
+#: JSON nested deeper than this is refused (tool arguments need three levels; json.loads recurses)
+MAX_JSON_DEPTH = 32
+
+
+def _depth(obj: Any) -> int:
+    deepest, stack = 0, [(obj, 1)]
+    while stack and deepest <= MAX_JSON_DEPTH:
+        item, level = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, level)
+            stack.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 def _loads_strict(text: str) -> Any:
-    """json.loads that refuses NaN/Infinity and overflowing numbers such as 1e999."""
-    return json.loads(text, parse_constant=_reject_constants, parse_float=_finite_float)
+    """json.loads that refuses NaN/Infinity, overflowing numbers such as 1e999 and deep nesting."""
+    try:
+        obj = json.loads(text, parse_constant=_reject_constants, parse_float=_finite_float, parse_int=_finite_int)
+    except RecursionError:
+        raise ValueError(f"it is nested more than {MAX_JSON_DEPTH} levels deep") from None
+    if _depth(obj) > MAX_JSON_DEPTH:
+        raise ValueError(f"it is nested more than {MAX_JSON_DEPTH} levels deep")
+    return obj
 
 
 def parse_tool_call(body: str, tool_names: Sequence[str] | None = None) -> ToolCall | ProtocolError:
@@ -104,13 +130,26 @@ def parse_tool_call(body: str, tool_names: Sequence[str] | None = None) -> ToolC
     return ToolCall(name=name, arguments=args)
 
 
+def _thoughts(text: str) -> list[str]:
+    """What ``re.findall(r"<think>(.*?)</think>", text, re.S)`` finds, stripped, in linear time (the regex is
+    quadratic in the number of unclosed ``<think>`` tags, which a degenerate turn can be full of)."""
+    found, pos = [], 0
+    while (start := text.find(THINK_OPEN, pos)) >= 0:
+        end = text.find(THINK_CLOSE, start + len(THINK_OPEN))
+        if end < 0:
+            break
+        found.append(text[start + len(THINK_OPEN):end].strip())
+        pos = end + len(THINK_CLOSE)
+    return found
+
+
 def parse_turn(text: str, tool_names: Sequence[str] | None = None, truncated: bool = False) -> ParsedTurn:
     """Parse one policy turn into its thoughts and a single action.
 
     Whichever of ``</tool_call>`` and ``</answer>`` closes first decides the action (generation stops
     there, so normally only one is present). ``truncated`` says the turn hit its token limit.
     """
-    thoughts = [m.strip() for m in re.findall(r"<think>(.*?)</think>", text, flags=re.S)]
+    thoughts = _thoughts(text)
     call_end, answer_end = text.find(CALL_CLOSE), text.find(ANSWER_CLOSE)
     ends = [(pos, kind) for pos, kind in ((call_end, "call"), (answer_end, "answer")) if pos >= 0]
     if not ends:

@@ -136,7 +136,7 @@ def test_eval_runs_the_release_layout_end_to_end(bench, folders, tiny_model_dir,
 
     lines = (out / "predictions.jsonl").read_text().splitlines()
     recs = [_strict(x) for x in lines]
-    assert [r["id"] for r in recs] == ids
+    assert sorted(r["id"] for r in recs) == sorted(ids)  # one line per item, in the order they finished
     assert all(isinstance(r["score"]["score"], float) and r["stop_reason"] for r in recs)
     for r in recs:  # the model saw the item's own video or image
         traj = json.loads((out / "trajectories" / r["trajectory"]).read_text())

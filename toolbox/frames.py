@@ -37,6 +37,11 @@ def stamp_time(image: Image.Image, seconds: float) -> Image.Image:
     return Image.fromarray(arr)
 
 
+def seconds(t: float) -> str:
+    """``t`` as the observation text writes times: ``12.50s``; a huge model-given time stays short (``1e+300s``)."""
+    return f"{t:.2f}s" if abs(t) < 1e9 else f"{t:.3g}s"
+
+
 def window_times(start: float, end: float, num_frames: int) -> list[float]:
     """Centres of ``num_frames`` equal slices of [start, end]: evenly spread, never on the exact ends."""
     step = (end - start) / num_frames
@@ -88,14 +93,14 @@ class ResampleFrames(Tool):
         duration = video.duration
         notes = []
         if start >= duration:
-            raise ToolError(f"start={start:.2f}s is at or past the end of the video ({duration:.2f}s)")
+            raise ToolError(f"start={seconds(start)} is at or past the end of the video ({duration:.2f}s)")
         if end <= 0:
-            raise ToolError(f"end={end:.2f}s is at or before the start of the video (0.00s)")
+            raise ToolError(f"end={seconds(end)} is at or before the start of the video (0.00s)")
         if start < 0:
-            notes.append(f"start {start:.2f}s clamped to 0.00s")
+            notes.append(f"start {seconds(start)} clamped to 0.00s")
             start = 0.0
         if end > duration:
-            notes.append(f"end {end:.2f}s clamped to the video duration {duration:.2f}s")
+            notes.append(f"end {seconds(end)} clamped to the video duration {duration:.2f}s")
             end = duration
         if end - start < self.min_span_s:
             raise ToolError(

@@ -23,6 +23,7 @@ import re
 import shutil
 import tempfile
 import threading
+import time
 import unicodedata
 import urllib.error
 import urllib.request
@@ -340,6 +341,21 @@ class BM25Backend:
         return [SearchResult(d["title"], d["url"], d["text"]) for d, _ in self._index.search(query, k)]
 
 
+def _read_before(response: Any, limit: int, deadline: float) -> bytes:
+    """Up to ``limit`` bytes of ``response``; TimeoutError past ``deadline`` (the socket timeout alone is per
+    read, so a server sending a byte now and then would hold the call for as long as it liked)."""
+    chunks, size = [], 0
+    while size < limit:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the response did not arrive in time")
+        chunk = response.read1(min(65536, limit - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
 def _exception_text(exc: BaseException) -> str:
     return clean_text(f"{type(exc).__name__}: {exc}", 200)
 
@@ -416,9 +432,10 @@ class SerperBackend:
         request = urllib.request.Request(
             self.endpoint, data=json.dumps(payload).encode("utf-8"), method="POST",
             headers={"X-API-KEY": self._key(), "Content-Type": "application/json", "Accept": "application/json"})
+        deadline = time.monotonic() + self.timeout_s
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                body = response.read(MAX_RESPONSE_BYTES + 1)
+                body = _read_before(response, MAX_RESPONSE_BYTES + 1, deadline)
         except urllib.error.HTTPError as exc:
             reason = {401: "the API key was rejected", 403: "the API key was rejected",
                       429: "rate-limited or out of credits"}.get(exc.code, clean_text(exc.reason, 100))

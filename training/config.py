@@ -10,7 +10,9 @@ config (``sft_synth`` for ``training/configs/sft_synth.yaml``), so an installed 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import typing
 from pathlib import Path
 from typing import Any, Sequence, TypeVar, get_type_hints
 
@@ -41,11 +43,34 @@ def _build(cls: type[T], data: dict[str, Any], where: str) -> T:
         kind = hints.get(key)
         if dataclasses.is_dataclass(kind) and isinstance(value, dict):
             value = _build(kind, value, f"{where}.{key}")
-        kwargs[key] = value
+        kwargs[key] = _scalar(kind, value, f"{where}: {key}")
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
+
+def _scalar(kind: Any, value: Any, what: str) -> Any:
+    """``value`` checked against a bool / int / float field; YAML reads ``1e-5`` as a string, made a float here."""
+    args = typing.get_args(kind)
+    if type(None) in args:  # Optional[X]: None is fine, else X decides
+        if value is None:
+            return value
+        rest = [a for a in args if a is not type(None)]
+        kind = rest[0] if len(rest) == 1 else kind
+    if kind is bool and not isinstance(value, bool):
+        raise ConfigError(f"{what} must be true or false, got {value!r}")
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"{what} must be a whole number, got {value!r}")
+    if kind is float:
+        try:
+            number = float(value) if not isinstance(value, (bool, list, dict)) else math.nan
+        except (TypeError, ValueError):
+            number = math.nan
+        if not math.isfinite(number):
+            raise ConfigError(f"{what} must be a finite number, got {value!r}")
+        return number
+    return value
 
 
 def _set(data: dict[str, Any], dotted: str, value: Any) -> None:

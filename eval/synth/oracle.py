@@ -57,6 +57,8 @@ class OracleState:
 class OraclePolicy(Policy):
     """Writes each turn from the item's plan; ``use_tools=False`` answers from the first look only."""
 
+    thread_safe_start = True
+
     def __init__(self, tasks: Sequence[Task], config: SynthConfig | None = None, use_tools: bool = True,
                  media_budget: MediaBudget | None = None) -> None:
         self.tasks = {t.id: t for t in tasks}

@@ -146,10 +146,50 @@ class Session:
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
 
 
+class TurnStream:
+    """The turns being generated for a changing set of sessions (what :meth:`Policy.stream` returns).
+
+    The agent adds (:meth:`add`) a session whenever it is ready for its next turn (its first prompt encoded, or
+    its last observation appended) and calls :meth:`step` over and over; each call advances the sessions in
+    flight and returns the turns that ended, which leave the stream at once. A backend that can let
+    sessions join a running batch (the transformers one) overrides this; this default runs one
+    ``policy.generate`` over everything added since the last step, so each step returns whole turns.
+    """
+
+    #: True when sessions added while others are mid-turn join them; False (lock-step) makes the agent
+    #: gather every pending tool result before each step, so each batch is as large as it can be
+    joins_running: bool = False
+
+    def __init__(self, policy: "Policy", max_new_tokens: int) -> None:
+        self.policy = policy
+        self.max_new_tokens = max_new_tokens
+        self.waiting: list[Session] = []
+
+    def add(self, session: Session) -> None:
+        self.waiting.append(session)
+
+    def __len__(self) -> int:
+        """Sessions in flight (added and not yet returned by :meth:`step`)."""
+        return len(self.waiting)
+
+    def sessions(self) -> list[Session]:
+        return list(self.waiting)
+
+    def step(self) -> list[tuple[Session, Generation]]:
+        batch, self.waiting = self.waiting, []
+        return list(zip(batch, self.policy.generate(batch, self.max_new_tokens))) if batch else []
+
+    def close(self) -> None:
+        """Release what the stream holds (called when the agent's run ends, also on errors)."""
+
+
 class Policy(abc.ABC):
     """A vision-language model that can hold several episodes open at once."""
 
     media_budget: MediaBudget
+    #: True when ``start`` may run in a worker thread while other sessions generate (it reads shared state
+    #: only), so opening media overlaps with generation; the built-in backends set it
+    thread_safe_start: bool = False
 
     @abc.abstractmethod
     def start(self, system_prompt: str, question: str, media: EpisodeMedia, seed: int = 0) -> Session:
@@ -169,3 +209,7 @@ class Policy(abc.ABC):
 
     def end(self, session: Session) -> None:
         """Free what the session holds (caches). The token ids stay readable."""
+
+    def stream(self, max_new_tokens: int) -> TurnStream:
+        """A :class:`TurnStream` for one ``run_batch``; the default generates in lock-step batches."""
+        return TurnStream(self, max_new_tokens)

@@ -8,11 +8,15 @@ segment — with explicit M-RoPE positions, then decodes token by token. ``Gener
 records how many tokens each turn ran through the model, which is how the reuse is measured;
 ``reuse_cache=False`` gives the re-encode-everything baseline (same outputs, more compute).
 
-Several open episodes generate their turns together (``batch_decode=True``, the default): each prefills
-its own new tokens on its own cache, then the caches are stacked, left-padded, and every decode step is
-one forward for all of them (with an attention mask over the padding and each row's own positions). An
-episode whose turn stops leaves the batch at once and gets its cache row back, so short turns never wait
-for long ones. Greedy results equal the one-at-a-time loop's token for token (the tests check this).
+Open episodes generate together (``batch_decode=True``, the default) through a continuous-batching
+stream (:meth:`HFPolicy.stream`, used by the agent): the sessions that are ready prefill their new tokens
+in one forward (each row's cache and new tokens left-padded, the padding masked), their caches join the
+stacked, left-padded decode batch, and every decode step is one forward for all rows, each with its own
+positions. A session whose turn stops leaves at once with its cache row; one whose tool result arrives
+joins between two tokens, so no episode waits for another's turn or tool. The first prompts' shared head
+(system prompt and tool schemas, up to the first image or video) is computed once per stream and copied
+(:class:`SharedPrefixes`). Greedy results equal the one-at-a-time loop's token for token (the tests check
+this).
 
 Positions: Qwen2.5-VL's ``get_rope_index`` walks the sequence with a counter that text tokens
 advance by one and a vision block advances by ``max(h, w) / merge``. Every segment ends with text, so
@@ -31,10 +35,12 @@ from typing import Any, Protocol, Sequence
 
 import torch
 from PIL import Image
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from mmagent.media import EpisodeMedia
-from mmagent.policy.base import (Generation, MediaBudget, Policy, SamplingConfig, Session, fit_image, fitted_size,
-                                 visual_token_count)
+from mmagent.policy.base import (Generation, MediaBudget, Policy, SamplingConfig, Session, TurnStream, fit_image,
+                                 fitted_size, visual_token_count)
 from mmagent.protocol import RESPONSE_CLOSE, RESPONSE_OPEN, STOP_STRINGS
 from toolbox.base import Observation
 
@@ -54,6 +60,10 @@ class Segment:
     mm_types: torch.Tensor  # (L,) 0 text, 1 image, 2 video
     positions: torch.Tensor  # (3, L)
     vision: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def tail(self, start: int) -> "Segment":
+        """The tokens from ``start`` on (with all the vision inputs: ``start`` must come before any)."""
+        return Segment(self.ids[start:], self.mm_types[start:], self.positions[:, start:], self.vision)
 
     @property
     def end_counter(self) -> int:
@@ -126,6 +136,8 @@ def saved_media_budget(folder: str | os.PathLike) -> MediaBudget | None:
 
 class HFPolicy(Policy):
     """A transformers image-text-to-text model as the agent's policy."""
+
+    thread_safe_start = True
 
     def __init__(self, model: Any, processor: Any, media_budget: MediaBudget | None = None,
                  sampling: SamplingConfig | None = None, reuse_cache: bool = True,
@@ -302,8 +314,6 @@ class HFPolicy(Policy):
     # ----- model calls ----------------------------------------------------------------------------
     def _forward(self, session: HFSession, segments: Sequence[Segment]) -> torch.Tensor:
         """Run ``segments`` through the model on top of the session's cache; return the last logits."""
-        from transformers import DynamicCache
-
         if session.cache is None:
             session.cache = DynamicCache(config=self.model.config)
         dev = self.device
@@ -314,16 +324,61 @@ class HFPolicy(Policy):
         out = self.model(**inputs, cache=session.cache, use_cache=True, logits_to_keep=1)
         return out.logits[0, -1].float()
 
-    def _prefill(self, session: HFSession) -> tuple[torch.Tensor, int]:
-        if self.reuse_cache:
-            segments = session.pending
-        else:
+    def _to_prefill(self, session: HFSession, prefixes: "SharedPrefixes | None") -> tuple[list[Segment], int]:
+        """The segments this turn must run through the model, and the tokens spent now on a shared prefix."""
+        if not self.reuse_cache:
             session.cache = None
-            segments = session.segments
-        n = sum(len(s.ids) for s in segments)
+            return list(session.segments), 0
+        segments, computed = list(session.pending), 0
+        if prefixes is not None and session.cache is None and len(segments) == 1:
+            session.cache, head, computed = prefixes.cache_for(self, segments[0])
+            if head:
+                segments = [segments[0].tail(head)]
+        return segments, computed
+
+    def _prefill(self, session: HFSession, prefixes: "SharedPrefixes | None" = None) -> tuple[torch.Tensor, int]:
+        segments, computed = self._to_prefill(session, prefixes)
         logits = self._forward(session, segments)
         session.pending = []
-        return logits, n
+        return logits, sum(len(s.ids) for s in segments) + computed
+
+    def _forward_many(self, sessions: Sequence[HFSession], work: Sequence[Sequence[Segment]]) -> torch.Tensor:
+        """``work[i]`` run on top of ``sessions[i]``'s cache for every i in one forward; the last logits of each.
+
+        The caches are stacked left-padded and each row's new tokens left-padded after them, so a row
+        reads ``[pad, its cache, pad, its new tokens]`` with the padding masked out. Each session then
+        gets its own cache back without the padding.
+        """
+        config, dev = self.model.config, self.device
+        stacked = _StackedCache.of([s.cache for s in sessions], config, roomy=False)
+        chunks = [concat_segments(segments) for segments in work]
+        lengths = [c["input_ids"].shape[1] for c in chunks]
+        rows, past, width = len(chunks), stacked.width, max(lengths)
+        pad = self.tokenizer.pad_token_id or 0
+        ids = torch.full((rows, width), pad, dtype=torch.long)
+        types = torch.zeros((rows, width), dtype=torch.long)
+        positions = torch.zeros((3, rows, width), dtype=torch.long)
+        mask = torch.zeros((rows, past + width), dtype=torch.long)
+        for r, (chunk, n) in enumerate(zip(chunks, lengths)):
+            ids[r, width - n:] = chunk["input_ids"][0]
+            types[r, width - n:] = chunk["mm_token_type_ids"][0]
+            positions[:, r, width - n:] = chunk["position_ids"][:, 0]
+            mask[r, past - stacked.lengths[r]:past] = 1
+            mask[r, past + width - n:] = 1
+        vision = {key: torch.cat([c[key] for c in chunks if key in c]).to(dev)
+                  for key in VISION_INPUTS if any(key in c for c in chunks)}
+        for key in ("pixel_values", "pixel_values_videos"):
+            if key in vision:
+                vision[key] = vision[key].to(self.model.dtype)
+        out = self.model(input_ids=ids.to(dev), position_ids=positions.to(dev), attention_mask=mask.to(dev),
+                         mm_token_type_ids=types.to(dev), cache=stacked.cache, use_cache=True, logits_to_keep=1,
+                         **vision)
+        for r, session in enumerate(sessions):
+            real = mask[r].nonzero().squeeze(1).to(dev)
+            session.cache = DynamicCache(config=config, ddp_cache_data=[
+                (layer.keys[r:r + 1].index_select(2, real), layer.values[r:r + 1].index_select(2, real))
+                for layer in stacked.cache.layers])
+        return out.logits[:, -1].float()
 
     def _is_stop(self, generated: list[int]) -> bool:
         tail = self.tokenizer.decode(generated[-16:], skip_special_tokens=False)
@@ -341,10 +396,10 @@ class HFPolicy(Policy):
         elif len(turn.generated) >= max_new_tokens:
             turn.done = turn.truncated = True
 
-    def _begin(self, session: HFSession) -> "_Turn":
+    def _begin(self, session: HFSession, prefixes: "SharedPrefixes | None" = None) -> "_Turn":
         t0 = time.perf_counter()
         self.chooser.begin_turn(session, self.tokenizer)
-        logits, prefilled = self._prefill(session)
+        logits, prefilled = self._prefill(session, prefixes)
         turn = _Turn(session, start=session.counter, prefilled=prefilled, t0=t0)
         turn.logits = logits
         return turn
@@ -366,42 +421,6 @@ class HFPolicy(Policy):
                                                                      turn.start + len(turn.generated) - 1)])
         return self._finish_turn(turn, time.perf_counter() - turn.t0)
 
-    @torch.inference_mode()
-    def _generate_batched(self, sessions: Sequence[HFSession], max_new_tokens: int) -> list[Generation]:
-        """One turn of every session at once: each prefills its own new tokens (their lengths and images
-        differ), then all decode together, one token per step, over their caches stacked with left padding.
-        A session that stops leaves the batch at once (its cache row goes back to it); the others go on."""
-        t0 = time.perf_counter()
-        turns = [self._begin(s) for s in sessions]
-        for t in turns:
-            self._pick(t, t.logits, max_new_tokens)
-        active = [t for t in turns if not t.done]
-        batch = _StackedCache.of([t.session.cache for t in active], self.model.config) if active else None
-        for t in active:
-            t.session.cache = None  # the stacked copy holds it now (one copy in memory); its row comes back below
-        dev = self.device
-        while active:
-            ids = torch.tensor([[t.generated[-1]] for t in active], device=dev)
-            positions = torch.stack([_text_positions(1, t.start + len(t.generated) - 1) for t in active], dim=1)
-            mask = batch.next_mask().to(dev)
-            out = self.model(input_ids=ids, position_ids=positions.to(dev), attention_mask=mask,
-                             mm_token_type_ids=torch.zeros_like(ids), cache=batch.cache, use_cache=True,
-                             logits_to_keep=1)
-            batch.grew()
-            logits = out.logits[:, -1].float()
-            for row, t in enumerate(active):
-                self._pick(t, logits[row], max_new_tokens)
-            keep = [row for row, t in enumerate(active) if not t.done]
-            for row, t in enumerate(active):
-                if t.done:
-                    t.session.cache = batch.unstack(row, self.model.config)
-            if len(keep) < len(active):
-                active = [active[row] for row in keep]
-                if active:
-                    batch.select(keep)
-        seconds = (time.perf_counter() - t0) / max(1, len(turns))
-        return [self._finish_turn(t, seconds) for t in turns]
-
     def append_turn(self, session: HFSession, ids: Sequence[int], logprobs: Sequence[float] | None = None) -> None:
         """Append a policy turn's tokens to the session as generation does (also how training re-encodes
         an episode without generating). The last token is not in the cache yet: it goes in with the next
@@ -412,10 +431,44 @@ class HFPolicy(Policy):
         session.last_token = int(ids[-1])
         session.turn += 1
 
+    def _begin_many(self, sessions: Sequence[HFSession], prefixes: "SharedPrefixes | None" = None) -> list["_Turn"]:
+        """Start a turn for each session, prefilling all of their new tokens in one forward where they can
+        (every session that already has a cache: an earlier turn or a shared prefix)."""
+        if len(sessions) < 2 or not self.reuse_cache:
+            return [self._begin(s, prefixes) for s in sessions]
+        t0 = time.perf_counter()
+        work = []
+        for s in sessions:
+            self.chooser.begin_turn(s, self.tokenizer)
+            work.append((s, *self._to_prefill(s, prefixes)))
+        together = [(s, segments) for s, segments, _ in work if s.cache is not None and s.cache.get_seq_length()]
+        logits: dict[int, torch.Tensor] = {}
+        if len(together) > 1:
+            rows = self._forward_many([s for s, _ in together], [segments for _, segments in together])
+            logits = {id(s): rows[r] for r, (s, _) in enumerate(together)}
+        turns = []
+        for s, segments, computed in work:
+            turn = _Turn(s, start=s.counter, prefilled=sum(len(g.ids) for g in segments) + computed, t0=t0)
+            turn.logits = logits[id(s)] if id(s) in logits else self._forward(s, segments)
+            s.pending = []
+            turns.append(turn)
+        return turns
+
     def generate(self, sessions: Sequence[HFSession], max_new_tokens: int) -> list[Generation]:
-        if self.batch_decode and self.reuse_cache and len(sessions) > 1:
-            return self._generate_batched(sessions, max_new_tokens)
-        return [self._generate_one(s, max_new_tokens) for s in sessions]
+        if not (self.batch_decode and self.reuse_cache and len(sessions) > 1):
+            return [self._generate_one(s, max_new_tokens) for s in sessions]
+        stream = _DecodeStream(self, max_new_tokens)
+        for s in sessions:
+            stream.add(s)
+        done: dict[int, Generation] = {}
+        while len(stream):
+            done.update((id(s), gen) for s, gen in stream.step())
+        return [done[id(s)] for s in sessions]
+
+    def stream(self, max_new_tokens: int) -> TurnStream:
+        if self.batch_decode and self.reuse_cache:
+            return _DecodeStream(self, max_new_tokens)
+        return TurnStream(self, max_new_tokens)
 
     def full_sequence_inputs(self, session: HFSession) -> dict[str, torch.Tensor]:
         """The whole conversation as one model input (for training and for checking positions)."""
@@ -437,6 +490,163 @@ class _Turn:
     done: bool = False
 
 
+class SharedPrefixes:
+    """KV caches of first-prompt prefixes that several episodes share (the system prompt with the tool
+    schemas, up to the first image or video), computed once and copied into each new episode's cache.
+
+    Only the text before the first vision token is shared: its keys and values do not depend on what
+    follows. A store lives for one stream (one ``run_batch``), so weights changed by training between
+    rollouts never meet a stale prefix.
+    """
+
+    #: shorter shared text is not worth a lookup
+    MIN_TOKENS = 16
+
+    def __init__(self, max_entries: int = 4) -> None:
+        self.max_entries = max_entries
+        self.entries: dict[tuple[int, ...], Any] = {}
+        #: tokens served from a stored prefix instead of being run through the model again
+        self.reused_tokens = 0
+
+    def cache_for(self, policy: HFPolicy, seg: Segment) -> tuple[Any, int, int]:
+        """(a fresh cache holding ``seg``'s shared head, the head's length, tokens computed for it now)."""
+        vision = (seg.mm_types != 0).nonzero()
+        head = int(vision[0]) if len(vision) else len(seg.ids) - 1  # keep one token to forward for the logits
+        if head < self.MIN_TOKENS:
+            return None, 0, 0
+        key = tuple(seg.ids[:head].tolist())
+        stored, computed = self.entries.get(key), 0
+        if stored is None:
+            stored = DynamicCache(config=policy.model.config)
+            dev = policy.device
+            ids = seg.ids[:head][None].to(dev)
+            policy.model(input_ids=ids, position_ids=seg.positions[:, None, :head].to(dev),
+                         mm_token_type_ids=torch.zeros_like(ids), cache=stored, use_cache=True, logits_to_keep=1)
+            if len(self.entries) >= self.max_entries:
+                self.entries.pop(next(iter(self.entries)))
+            self.entries[key] = stored
+            computed = head
+        else:
+            self.reused_tokens += head
+        data = [(layer.keys.clone(), layer.values.clone()) for layer in stored.layers]
+        return DynamicCache(ddp_cache_data=data, config=policy.model.config), head, computed
+
+
+class _DecodeStream(TurnStream):
+    """Continuous batching over KV caches: sessions join and leave a running decode batch between tokens.
+
+    Each :meth:`step` first prefills the sessions added since the last one (their new tokens on their own
+    caches) and stacks their caches into the batch, then runs one decode forward for every row. A row whose
+    turn stops leaves at once with its cache; a session whose tool result arrives joins at the next step,
+    so no episode waits for another's turn or tool call.
+    """
+
+    joins_running = True
+
+    def __init__(self, policy: HFPolicy, max_new_tokens: int) -> None:
+        super().__init__(policy, max_new_tokens)
+        self.policy: HFPolicy = policy
+        self.active: list[_Turn] = []
+        self.batch: _StackedCache | None = None
+        self.prefixes = SharedPrefixes()
+        #: the most memory the stacked caches took at any decode step (what the visual budget keeps bounded)
+        self.peak_cache_bytes = 0
+
+    def __len__(self) -> int:
+        return len(self.waiting) + len(self.active)
+
+    def sessions(self) -> list[Session]:
+        return self.waiting + [t.session for t in self.active]
+
+    @torch.inference_mode()
+    def step(self) -> list[tuple[Session, Generation]]:
+        p = self.policy
+        ended: list[_Turn] = []
+        if self.waiting:
+            joining, self.waiting = self.waiting, []
+            fresh = []
+            for t in p._begin_many(joining, self.prefixes):
+                p._pick(t, t.logits, self.max_new_tokens)
+                (ended if t.done else fresh).append(t)
+            if fresh:
+                self._join(fresh)
+        if self.active:
+            ended += self._decode()
+        now = time.perf_counter()
+        return [(t.session, p._finish_turn(t, now - t.t0)) for t in ended]
+
+    def _join(self, turns: list[_Turn]) -> None:
+        caches = [t.session.cache for t in turns]
+        config = self.policy.model.config
+        if self.batch is None:
+            self.batch = _StackedCache.of(caches, config)
+        else:
+            self.batch.extend(caches)
+        for t in turns:
+            t.session.cache = None  # the batch holds the only copy; the row comes back when the turn ends
+        self.active += turns
+
+    def _decode(self) -> list[_Turn]:
+        p, batch, dev = self.policy, self.batch, self.policy.device
+        ids = torch.tensor([[t.generated[-1]] for t in self.active], device=dev)
+        positions = torch.stack([_text_positions(1, t.start + len(t.generated) - 1) for t in self.active], dim=1)
+        out = p.model(input_ids=ids, position_ids=positions.to(dev), attention_mask=batch.next_mask().to(dev),
+                      mm_token_type_ids=torch.zeros_like(ids), cache=batch.cache, use_cache=True, logits_to_keep=1)
+        batch.grew()
+        self.peak_cache_bytes = max(self.peak_cache_bytes, batch.nbytes())
+        logits = out.logits[:, -1].float()
+        for row, t in enumerate(self.active):
+            p._pick(t, logits[row], self.max_new_tokens)
+        ended = [t for t in self.active if t.done]
+        if ended:
+            config = p.model.config
+            for row, t in enumerate(self.active):
+                if t.done:
+                    t.session.cache = batch.unstack(row, config)
+            keep = [row for row, t in enumerate(self.active) if not t.done]
+            self.active = [self.active[row] for row in keep]
+            if keep:
+                batch.select(keep)
+            else:
+                self.batch = None
+        return ended
+
+
+class _RoomyLayer(DynamicLayer):
+    """A full-attention cache layer whose decoded tokens are written in place, into spare room at the end,
+    instead of the whole cache being copied into a new tensor every step (``DynamicLayer``'s ``torch.cat``).
+
+    ``keys`` / ``values`` are views of the first ``n`` columns. Code that replaces them (row selection,
+    trimming) is fine: the next update sees they are no longer views of the buffer and re-buffers them.
+    """
+
+    SPARE = 64
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        super().__init__()
+        self.device, self.is_initialized = keys.device, True
+        self._rebuffer(keys, values, 0)
+
+    def _rebuffer(self, keys: torch.Tensor, values: torch.Tensor, extra: int) -> None:
+        n = keys.shape[-2]
+        self._k = keys.new_zeros(*keys.shape[:-2], n + extra + self.SPARE, keys.shape[-1])
+        self._v = values.new_zeros(*values.shape[:-2], n + extra + self.SPARE, values.shape[-1])
+        self._k[..., :n, :] = keys
+        self._v[..., :n, :] = values
+        self.keys, self.values = self._k[..., :n, :], self._v[..., :n, :]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        n, new = self.keys.shape[-2], key_states.shape[-2]
+        mine = self.keys.data_ptr() == self._k.data_ptr() and self.keys.shape[:-2] == self._k.shape[:-2]
+        if not mine or n + new > self._k.shape[-2]:
+            self._rebuffer(self.keys, self.values, new)
+        self._k[..., n:n + new, :] = key_states
+        self._v[..., n:n + new, :] = value_states
+        self.keys, self.values = self._k[..., :n + new, :], self._v[..., :n + new, :]
+        return self.keys, self.values
+
+
 class _StackedCache:
     """Several sessions' KV caches as one batch, left-padded to the longest, with the attention mask."""
 
@@ -446,21 +656,34 @@ class _StackedCache:
         self.width = max(lengths)
 
     @classmethod
-    def of(cls, caches: Sequence[Any], config: Any) -> "_StackedCache":
-        from transformers import DynamicCache
-
+    def of(cls, caches: Sequence[Any], config: Any, roomy: bool = True) -> "_StackedCache":
+        """``caches`` stacked; ``roomy``: with spare room to decode into (not for a one-off prefill)."""
         lengths = [c.get_seq_length() for c in caches]
         width = max(lengths)
-        data = []
-        for layer in range(len(caches[0].layers)):
-            ks, vs = [], []
-            for c, n in zip(caches, lengths):
-                k, v = c.layers[layer].keys, c.layers[layer].values
-                pad = (0, 0, width - n, 0)  # left-pad the sequence axis (dim -2)
-                ks.append(torch.nn.functional.pad(k, pad))
-                vs.append(torch.nn.functional.pad(v, pad))
-            data.append((torch.cat(ks), torch.cat(vs)))
-        return cls(DynamicCache(ddp_cache_data=data, config=config), lengths)
+        stacked = DynamicCache(config=config)
+        for i, layer in enumerate(stacked.layers):
+            keys = _left_padded([c.layers[i].keys for c in caches], width)
+            values = _left_padded([c.layers[i].values for c in caches], width)
+            if roomy and type(layer) is DynamicLayer:  # full attention: decode in place
+                stacked.layers[i] = _RoomyLayer(keys, values)
+            else:
+                layer.update(keys, values)
+        return cls(stacked, lengths)
+
+    def extend(self, caches: Sequence[Any]) -> None:
+        """Add ``caches`` as new rows at the bottom (re-padding everything to the new width)."""
+        lengths = [c.get_seq_length() for c in caches]
+        width = max(self.width, *lengths)
+        for i, layer in enumerate(self.cache.layers):
+            layer.keys = _left_padded([layer.keys] + [c.layers[i].keys for c in caches], width)
+            layer.values = _left_padded([layer.values] + [c.layers[i].values for c in caches], width)
+        self.lengths += lengths
+        self.width = width
+
+    def nbytes(self) -> int:
+        """Bytes allocated for keys and values (spare decoding room included)."""
+        return sum(t.numel() * t.element_size() for layer in self.cache.layers
+                   for t in (getattr(layer, "_k", layer.keys), getattr(layer, "_v", layer.values)))
 
     def next_mask(self) -> torch.Tensor:
         """The attention mask for one more token on every row: 0 on each row's left padding."""
@@ -475,8 +698,6 @@ class _StackedCache:
 
     def unstack(self, row: int, config: Any) -> Any:
         """Row ``row`` as a cache of its own, without the padding."""
-        from transformers import DynamicCache
-
         start = self.width - self.lengths[row]
         data = [(layer.keys[row:row + 1, :, start:].clone(), layer.values[row:row + 1, :, start:].clone())
                 for layer in self.cache.layers]
@@ -493,6 +714,11 @@ class _StackedCache:
             for layer in self.cache.layers:
                 layer.keys, layer.values = layer.keys[:, :, trim:], layer.values[:, :, trim:]
             self.width -= trim
+
+
+def _left_padded(tensors: Sequence[torch.Tensor], width: int) -> torch.Tensor:
+    """(rows, heads, seq, dim) tensors left-padded with zeros to ``width`` on the sequence axis, stacked."""
+    return torch.cat([torch.nn.functional.pad(t, (0, 0, width - t.shape[-2], 0)) for t in tensors])
 
 
 def _text_positions(n: int, start: int) -> torch.Tensor:

@@ -41,8 +41,8 @@ from typing import Any, Sequence
 from PIL import Image
 
 from mmagent.media import EpisodeMedia
-from mmagent.policy.base import (PATCH_FACTOR, Generation, MediaBudget, Policy, SamplingConfig, Session, fit_image,
-                                 fitted_size, visual_token_count)
+from mmagent.policy.base import (PATCH_FACTOR, Generation, MediaBudget, Policy, SamplingConfig, Session, TurnStream,
+                                 fit_image, fitted_size, visual_token_count)
 from mmagent.policy.messages import (image_names, image_part, observation_parts, text_part, video_part)
 from mmagent.protocol import ANSWER_CLOSE, ANSWER_OPEN, CALL_CLOSE, CALL_OPEN, STOP_STRINGS
 from toolbox.base import Observation
@@ -86,6 +86,8 @@ def normalise_base_url(url: str) -> str:
 
 class OpenAIPolicy(Policy):
     """A model served over HTTP with the OpenAI chat-completions API."""
+
+    thread_safe_start = True
 
     def __init__(self, base_url: str = DEFAULT_BASE_URL, model: str | None = None, api_key: str | None = None,
                  media_budget: MediaBudget | None = None, temperature: float = 0.0, top_p: float = 1.0,
@@ -224,6 +226,9 @@ class OpenAIPolicy(Policy):
         session.context_tokens = visual + estimate_text_tokens(system_prompt + question)
         return session
 
+    def stream(self, max_new_tokens: int) -> TurnStream:
+        return _RequestStream(self, max_new_tokens)
+
     def generate(self, sessions: Sequence[HTTPSession], max_new_tokens: int) -> list[Generation]:
         if len(sessions) <= 1:
             return [self._complete(s, max_new_tokens) for s in sessions]
@@ -250,6 +255,36 @@ class OpenAIPolicy(Policy):
 
     def end(self, session: HTTPSession) -> None:
         session.messages = []  # the data URLs are the bulk of it
+
+
+class _RequestStream(TurnStream):
+    """Each session's request goes out the moment it is added (up to ``max_concurrency`` at once), so the
+    server batches whatever is in flight while other episodes run their tools; :meth:`step` hands back
+    the completions that have arrived."""
+
+    joins_running = True
+
+    def __init__(self, policy: OpenAIPolicy, max_new_tokens: int) -> None:
+        super().__init__(policy, max_new_tokens)
+        self.pool = cf.ThreadPoolExecutor(max_workers=policy.max_concurrency)
+        self.in_flight: dict[cf.Future, HTTPSession] = {}
+
+    def add(self, session: Session) -> None:
+        self.in_flight[self.pool.submit(self.policy._complete, session, self.max_new_tokens)] = session
+
+    def __len__(self) -> int:
+        return len(self.in_flight)
+
+    def sessions(self) -> list[Session]:
+        return list(self.in_flight.values())
+
+    def step(self) -> list[tuple[Session, Generation]]:
+        # A short wait, so tool results that come in meanwhile are taken in without delay.
+        done, _ = cf.wait(list(self.in_flight), timeout=0.05, return_when=cf.FIRST_COMPLETED)
+        return [(self.in_flight.pop(f), f.result()) for f in done]
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 def restore_stop(content: str, finish_reason: Any, stop_reason: Any = None) -> str:

@@ -80,6 +80,8 @@ class VLLMSession(Session):
 class VLLMPolicy(Policy):
     """A model in a ``vllm.LLM`` engine as the agent's policy."""
 
+    thread_safe_start = True
+
     def __init__(self, llm: Any, media_budget: MediaBudget | None = None, temperature: float = 0.0,
                  top_p: float = 1.0, max_images: int = 32, patch_factor: int = PATCH_FACTOR,
                  token_in_out: bool = False) -> None:
