@@ -402,8 +402,10 @@ def test_damaged_videos_raise_media_errors_and_nothing_else(probed):
         else:
             assert got["sizes"] and all(0 <= t < got["duration"] for t in got["times"]), (cid, got)
     assert seen == 2 + 2 * len(VIDEO_FUZZ_SEEDS)
-    # the hard kind is really in the set: files that open and then fail on later frames
-    assert {"zero_tail_0.5.mp4", "zero_tail_0.7.mp4"} <= set(opened_then_failed), opened_then_failed
+    # the hard kind is really in the set: a file that opens and then fails on later frames (where the zeros
+    # start relative to the frames depends on the encoder's output, so on a given machine one of the two
+    # may instead fail at open or decode into concealed frames; both are fine, crashing or hanging is not)
+    assert {"zero_tail_0.5.mp4", "zero_tail_0.7.mp4"} & set(opened_then_failed), opened_then_failed
 
 
 # corners (top-left, top-right, bottom-left, bottom-right) of an upright frame: red left, blue right, green top
@@ -475,8 +477,10 @@ def test_the_demo_upload_checks_refuse_them_in_plain_words(probed):
 
 # ----- through the agent and the eval: a bad item ends as an error, the rest of the run goes on --------------------
 def _opens_then_fails(probed) -> Path:
+    """A zeroed-tail video that the probe saw open and then fail on later frames."""
     cases, results, _ = probed
-    return Path(cases["zero_tail_0.5.mp4"]["path"])
+    cid = next(c for c in ("zero_tail_0.5.mp4", "zero_tail_0.7.mp4") if "read_error" in results[c])
+    return Path(cases[cid]["path"])
 
 
 def test_a_batch_with_broken_media_answers_the_good_items(tiny_model_dir, video_path, probed):
