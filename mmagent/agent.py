@@ -47,11 +47,16 @@ class Budgets:
     max_visual_tokens: int = 16384
     #: seconds per tool call; None uses each tool's own ``timeout_s``
     tool_timeout_s: float | None = None
+    #: seconds to open an episode's media and encode its first prompt (in a worker thread) before the
+    #: episode ends with an error
+    start_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_new_tokens", "max_context_tokens", "max_visual_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
+        if not self.start_timeout_s > 0:
+            raise ValueError("start_timeout_s must be positive")
 
 
 @dataclass
@@ -78,6 +83,8 @@ class _Episode:
     turns: int = 0
     done: bool = False
     started: float = field(default_factory=time.perf_counter)
+    #: when a worker began opening its media (None: not yet)
+    opening: float | None = None
 
 
 @dataclass
@@ -256,9 +263,11 @@ class Agent:
             return
         self._join(run, ep)
 
-    def _start_failed(self, run: "_Run", ep: _Episode, exc: BaseException) -> None:
+    def _start_failed(self, run: "_Run", ep: _Episode, exc: BaseException, close: bool = True) -> None:
         if run.raise_media_errors:
             raise MediaError(str(exc)) from exc
+        if not close:
+            ep.media, ep.session = None, None  # still in use by the stuck thread
         self._finish(ep, "error", error=str(exc))
 
     def _join(self, run: "_Run", ep: _Episode) -> None:
@@ -267,6 +276,7 @@ class Agent:
         run.stream.add(ep.session)
 
     def _start(self, ep: _Episode, image: Image.Image | None, seed: int) -> None:
+        ep.opening = time.perf_counter()
         task = ep.task
         ep.media = EpisodeMedia(video=task.video, image=image if image is not None else task.image)
         video = ep.media.video
@@ -291,7 +301,22 @@ class Agent:
                 # Poll: a tool's timeout only starts when a worker picks it up.
                 cf.wait(pending, timeout=0.05, return_when=cf.FIRST_COMPLETED)
             progressed = False
-            for future in [f for f in run.starting if f.done()]:
+            now = time.perf_counter()
+            limit = self.budgets.start_timeout_s
+            for future, ep in list(run.starting.items()):
+                if future not in run.starting:  # moved to a fresh pool by write_off
+                    continue
+                if not future.done():
+                    if ep.opening is not None and now - ep.opening > limit:
+                        # A decoder stuck on a pathological file: the episode ends, its thread is written off
+                        # (the media are not closed under it; the thread still holds them).
+                        del run.starting[future]
+                        run.done_with(future)
+                        run.write_off()
+                        progressed = True
+                        self._start_failed(run, ep, MediaError(
+                            f"opening {ep.task.video or ep.task.image} took longer than {limit:g} s"), close=False)
+                    continue
                 ep = run.starting.pop(future)
                 run.done_with(future)
                 progressed = True
@@ -302,7 +327,6 @@ class Agent:
                     self._start_failed(run, ep, exc)
                 else:
                     raise exc
-            now = time.perf_counter()
             for future, call in list(run.tools.items()):
                 if future not in run.tools:  # moved to a fresh pool by write_off below
                     continue

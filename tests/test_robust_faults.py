@@ -139,6 +139,34 @@ def test_more_hung_calls_than_workers_still_time_out(tiny_model_dir, video_path)
     assert all(t.turns[1].error == "timeout" for t in done[0]), [t.turns[1].text for t in done[0]]
 
 
+class _StuckOpening(HFPolicy):
+    """The real policy, except that opening the media of the "stuck" episode never finishes (a decoder that
+    spins on a pathological file)."""
+
+    release: threading.Event
+
+    def start(self, system_prompt, question, media, seed=0):
+        if "stuck" in question:
+            self.release.wait(60)
+        return super().start(system_prompt, question, media, seed)
+
+
+def test_media_that_never_finish_opening_end_their_episode_not_the_run(tiny_model_dir, video_path):
+    policy = _StuckOpening.from_pretrained(str(tiny_model_dir), device="cpu", chooser=ReplayChooser([ANSWER]))
+    policy.release = threading.Event()
+    agent = Agent(policy, tools=[], budgets=Budgets(start_timeout_s=0.5), max_workers=1)
+    tasks = [Task("stuck: what colour?", video=str(video_path), id="stuck"),
+             Task("what colour?", video=str(video_path), id="fine")]
+    try:
+        stuck, fine = within(30, lambda: agent.run_batch(tasks, progress=False))
+    finally:
+        policy.release.set()
+    assert stuck.stop_reason == "error" and stuck.info["error"] == f"opening {video_path} took longer than 0.5 s"
+    assert fine.answer == "green"  # it started on a fresh worker: the only one was held by the stuck opening
+    with pytest.raises(ValueError, match="start_timeout_s must be positive"):
+        Budgets(start_timeout_s=0)
+
+
 # ----- a search backend that is down, slow or hostile -------------------------------------------------------------
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
