@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, Sequence
 from PIL import Image
 from tqdm.auto import tqdm
 
-from mmagent.media import EpisodeMedia, MediaError
+from mmagent.media import EpisodeMedia, MediaError, too_thin
 from mmagent.policy.base import Generation, MediaBudget, Policy, Session, TurnStream
 from mmagent.protocol import Answer, ProtocolError, ToolCall, describe_media, parse_turn, render_system_prompt
 from mmagent.trajectory import Task, ToolCallRecord, Trajectory, Turn
@@ -390,12 +390,10 @@ class Agent:
         except (Exception, SystemExit) as exc:  # a tool bug (even a library's sys.exit) must not end the run
             return Observation.error(f"{call.name} failed: {type(exc).__name__}: {exc}")
         # What the policy cannot encode would fail the whole batch in _show: refuse it here, for this call only.
-        from mmagent.media import MAX_ASPECT_RATIO
-
         if not isinstance(obs, Observation):
             return Observation.error(f"{call.name} failed: it returned a {type(obs).__name__}, not an Observation")
         bad = [f"{im.width}x{im.height}" if isinstance(im, Image.Image) else type(im).__name__ for im in obs.images
-               if not isinstance(im, Image.Image) or min(im.size) < 1 or max(im.size) > MAX_ASPECT_RATIO * min(im.size)]
+               if not isinstance(im, Image.Image) or min(im.size) < 1 or too_thin(*im.size)]
         if bad:
             return Observation.error(f"{call.name} failed: it returned images that cannot be shown ({', '.join(bad)})")
         return obs

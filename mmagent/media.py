@@ -316,8 +316,13 @@ def _to_rgb(image: Image.Image, name: object) -> Image.Image:
     return image.convert("RGB")
 
 
+def too_thin(width: int, height: int) -> bool:
+    """More than ``MAX_ASPECT_RATIO`` times longer on one side than the other (the model cannot be shown it)."""
+    return min(width, height) > 0 and max(width, height) / min(width, height) > MAX_ASPECT_RATIO
+
+
 def _check_aspect(width: int, height: int, name: object) -> None:
-    if min(width, height) > 0 and max(width, height) / min(width, height) > MAX_ASPECT_RATIO:
+    if too_thin(width, height):
         raise MediaError(f"{name}: {width}x{height} is more than {MAX_ASPECT_RATIO} times longer on one side "
                          "than the other, which the model cannot be shown")
 

@@ -108,7 +108,7 @@ def test_cached_logits_match_a_full_forward_of_the_conversation(tiny_model_dir, 
     policy = _policy(tiny_model_dir)
     session, _ = _episode(policy, video_path, turns=2)
     policy.observe(session, _frames(1))
-    incremental, _ = policy._prefill(session)  # last generated token + observation on top of the cache
+    incremental = policy._begin(session).logits  # last generated token + observation on top of the cache
     inputs = policy.full_sequence_inputs(session)
     with torch.inference_mode():
         full = policy.model(**inputs, use_cache=False).logits[0, -1].float()

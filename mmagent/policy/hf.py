@@ -316,13 +316,18 @@ class HFPolicy(Policy):
         """Run ``segments`` through the model on top of the session's cache; return the last logits."""
         if session.cache is None:
             session.cache = DynamicCache(config=self.model.config)
-        dev = self.device
-        inputs = {k: v.to(dev) for k, v in concat_segments(segments).items()}
-        for key in ("pixel_values", "pixel_values_videos"):
-            if key in inputs:
-                inputs[key] = inputs[key].to(self.model.dtype)
-        out = self.model(**inputs, cache=session.cache, use_cache=True, logits_to_keep=1)
+        out = self.model(**self._on_device(concat_segments(segments)), cache=session.cache, use_cache=True,
+                         logits_to_keep=1)
         return out.logits[0, -1].float()
+
+    def _on_device(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Model inputs on the model's device, pixels in its dtype."""
+        dev = self.device
+        out = {k: v.to(dev) for k, v in inputs.items()}
+        for key in ("pixel_values", "pixel_values_videos"):
+            if key in out:
+                out[key] = out[key].to(self.model.dtype)
+        return out
 
     def _to_prefill(self, session: HFSession, prefixes: "SharedPrefixes | None") -> tuple[list[Segment], int]:
         """The segments this turn must run through the model, and the tokens spent now on a shared prefix."""
@@ -335,12 +340,6 @@ class HFPolicy(Policy):
             if head:
                 segments = [segments[0].tail(head)]
         return segments, computed
-
-    def _prefill(self, session: HFSession, prefixes: "SharedPrefixes | None" = None) -> tuple[torch.Tensor, int]:
-        segments, computed = self._to_prefill(session, prefixes)
-        logits = self._forward(session, segments)
-        session.pending = []
-        return logits, sum(len(s.ids) for s in segments) + computed
 
     def _forward_many(self, sessions: Sequence[HFSession], work: Sequence[Sequence[Segment]]) -> torch.Tensor:
         """``work[i]`` run on top of ``sessions[i]``'s cache for every i in one forward; the last logits of each.
@@ -365,14 +364,10 @@ class HFPolicy(Policy):
             positions[:, r, width - n:] = chunk["position_ids"][:, 0]
             mask[r, past - stacked.lengths[r]:past] = 1
             mask[r, past + width - n:] = 1
-        vision = {key: torch.cat([c[key] for c in chunks if key in c]).to(dev)
+        inputs = {key: torch.cat([c[key] for c in chunks if key in c])
                   for key in VISION_INPUTS if any(key in c for c in chunks)}
-        for key in ("pixel_values", "pixel_values_videos"):
-            if key in vision:
-                vision[key] = vision[key].to(self.model.dtype)
-        out = self.model(input_ids=ids.to(dev), position_ids=positions.to(dev), attention_mask=mask.to(dev),
-                         mm_token_type_ids=types.to(dev), cache=stacked.cache, use_cache=True, logits_to_keep=1,
-                         **vision)
+        inputs.update(input_ids=ids, position_ids=positions, attention_mask=mask, mm_token_type_ids=types)
+        out = self.model(**self._on_device(inputs), cache=stacked.cache, use_cache=True, logits_to_keep=1)
         for r, session in enumerate(sessions):
             real = mask[r].nonzero().squeeze(1).to(dev)
             session.cache = DynamicCache(config=config, ddp_cache_data=[
@@ -397,12 +392,7 @@ class HFPolicy(Policy):
             turn.done = turn.truncated = True
 
     def _begin(self, session: HFSession, prefixes: "SharedPrefixes | None" = None) -> "_Turn":
-        t0 = time.perf_counter()
-        self.chooser.begin_turn(session, self.tokenizer)
-        logits, prefilled = self._prefill(session, prefixes)
-        turn = _Turn(session, start=session.counter, prefilled=prefilled, t0=t0)
-        turn.logits = logits
-        return turn
+        return self._begin_many([session], prefixes)[0]
 
     def _finish_turn(self, turn: "_Turn", seconds: float) -> Generation:
         self.append_turn(turn.session, turn.generated, turn.logprobs)
@@ -433,9 +423,8 @@ class HFPolicy(Policy):
 
     def _begin_many(self, sessions: Sequence[HFSession], prefixes: "SharedPrefixes | None" = None) -> list["_Turn"]:
         """Start a turn for each session, prefilling all of their new tokens in one forward where they can
-        (every session that already has a cache: an earlier turn or a shared prefix)."""
-        if len(sessions) < 2 or not self.reuse_cache:
-            return [self._begin(s, prefixes) for s in sessions]
+        (every session that already has a cache: an earlier turn or a shared prefix); the rest one by one.
+        The turn's first logits are in ``turn.logits``."""
         t0 = time.perf_counter()
         work = []
         for s in sessions:
