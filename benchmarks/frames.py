@@ -24,7 +24,7 @@ from pathlib import Path
 
 from mmagent.media import EpisodeMedia, open_video
 from mmagent.tiny import write_synthetic_video
-from toolbox.frames import ResampleFrames, window_times
+from mmagent.toolbox.frames import ResampleFrames, window_times
 
 
 def _windows(duration: float, calls: int, seed: int) -> list[tuple[float, float]]:

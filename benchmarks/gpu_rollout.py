@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from accelerate import Accelerator
 
-    from training.rl import RLConfig, _update
+    from mmagent.training.rl import RLConfig, _update
 
     cuda = args.device.startswith("cuda")
     duration = 16.0

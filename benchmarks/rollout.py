@@ -29,7 +29,7 @@ from typing import Sequence
 
 import torch
 
-from eval.benchmarks import synth
+from mmagent.eval.benchmarks import synth
 from mmagent.agent import Agent, Budgets
 from mmagent.default_model import default_model_info, default_model_path
 from mmagent.policy.hf import HFPolicy

@@ -2,13 +2,13 @@
 
 ``mmagent demo`` builds it with :func:`build_app` and serves it on 127.0.0.1:7860. One question runs one
 episode of the real agent (the same :class:`~mmagent.agent.Agent` the CLI and eval use) in a worker
-thread; each turn it reports is drawn at once by :class:`demo.episode_view.EpisodeView`: thoughts, each
+thread; each turn it reports is drawn at once by :class:`mmagent.demo.episode_view.EpisodeView`: thoughts, each
 tool call with its arguments, what the tool said, and the frames, crops and maps it returned in a
 captioned gallery beside the frames the first prompt showed. The finished trajectory can be downloaded
 as JSON (and as a zip with its images).
 
 One model serves every visitor, so episodes run one at a time (Gradio queues the rest and shows their
-place). Uploads are checked before anything runs (:mod:`demo.uploads`). A bad file, a tool that fails
+place). Uploads are checked before anything runs (:mod:`mmagent.demo.uploads`). A bad file, a tool that fails
 and a model that raises all end up as a message in the page; the app keeps serving.
 """
 
@@ -28,10 +28,10 @@ from typing import Any, Iterator, Sequence
 from mmagent.agent import Agent, Budgets
 from mmagent.media import MediaError, load_image, open_video
 from mmagent.policy.base import MediaBudget, Policy
-from toolbox.registry import resolve_tools
-from demo.episode_view import EpisodeView, GalleryItem, export_trajectory, prompt_items, question_message
-from demo.examples import Example
-from demo.uploads import IMAGE_TYPES, VIDEO_TYPES, UploadError, UploadLimits, check_image, check_video
+from mmagent.toolbox.registry import resolve_tools
+from mmagent.demo.episode_view import EpisodeView, GalleryItem, export_trajectory, prompt_items, question_message
+from mmagent.demo.examples import Example
+from mmagent.demo.uploads import IMAGE_TYPES, VIDEO_TYPES, UploadError, UploadLimits, check_image, check_video
 
 log = logging.getLogger("mmagent.demo")
 

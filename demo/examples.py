@@ -16,7 +16,7 @@ from typing import Sequence
 
 import av
 
-from eval.benchmarks import synth
+from mmagent.eval.benchmarks import synth
 
 EXAMPLE_WORLD_SEED = 1
 EXAMPLE_FAMILIES = ("video_qa", "grounding", "image_qa", "geolocation")

@@ -50,15 +50,15 @@ class BenchSpec:
 
 
 BENCHMARKS: dict[str, BenchSpec] = {spec.name: spec for spec in (
-    BenchSpec("synth", "eval.benchmarks.synth", "the toy world (build it with `mmagent synth DIR`)",
+    BenchSpec("synth", "mmagent.eval.benchmarks.synth", "the toy world (build it with `mmagent synth DIR`)",
               ("resample_frames", "zoom", "web_search"), max_turns=6, max_new_tokens=160,
               options={"families": "families"}),
-    BenchSpec("videomme", "eval.benchmarks.videomme", "Video-MME multiple-choice video QA",
+    BenchSpec("videomme", "mmagent.eval.benchmarks.videomme", "Video-MME multiple-choice video QA",
               ("resample_frames",), options={"subtitles": "subtitles"}),
-    BenchSpec("charades_sta", "eval.benchmarks.charades_sta", "Charades-STA temporal grounding",
+    BenchSpec("charades_sta", "mmagent.eval.benchmarks.charades_sta", "Charades-STA temporal grounding",
               ("resample_frames",)),
-    BenchSpec("geo", "eval.benchmarks.geo", "geolocation (IM2GPS3K, GeoBench)", ("zoom", "web_search")),
-    BenchSpec("vstar", "eval.benchmarks.vstar", "V* Bench high-resolution detail QA", ("zoom",)),
+    BenchSpec("geo", "mmagent.eval.benchmarks.geo", "geolocation (IM2GPS3K, GeoBench)", ("zoom", "web_search")),
+    BenchSpec("vstar", "mmagent.eval.benchmarks.vstar", "V* Bench high-resolution detail QA", ("zoom",)),
 )}
 
 

@@ -229,7 +229,7 @@ def _record(task: Task, traj: Trajectory, score: dict[str, Any], name: str) -> d
 
 def _bench_module(bench: ModuleType | str) -> ModuleType:
     if isinstance(bench, str):
-        from eval.registry import module
+        from mmagent.eval.registry import module
 
         return module(bench)
     for attr in ("NAME", "score", "summarise"):
@@ -307,7 +307,7 @@ def finish_run(bench: ModuleType | str, tasks: Sequence[Task], out_dir: str | os
                records: dict[str, dict[str, Any]] | None = None, resumed: int = 0,
                title: str | None = None) -> EvalResult:
     """Write summary.json, summary.md, plot.png and report.html of a run folder (also to redo them)."""
-    from eval.report import markdown_table, plot_summary, write_report
+    from mmagent.eval.report import markdown_table, plot_summary, write_report
 
     module = _bench_module(bench)
     out = Path(out_dir)

@@ -27,8 +27,8 @@ from mmagent.media import EpisodeMedia, MediaError, too_thin
 from mmagent.policy.base import Generation, MediaBudget, Policy, Session, TurnStream
 from mmagent.protocol import Answer, ProtocolError, ToolCall, describe_media, parse_turn, render_system_prompt
 from mmagent.trajectory import Task, ToolCallRecord, Trajectory, Turn
-from toolbox.base import Observation, Tool, ToolError
-from toolbox.registry import resolve_tools
+from mmagent.toolbox.base import Observation, Tool, ToolError
+from mmagent.toolbox.registry import resolve_tools
 
 DEFAULT_TOOLS = ("resample_frames", "zoom")
 

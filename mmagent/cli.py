@@ -110,7 +110,7 @@ def _add_tools(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_tools(args: argparse.Namespace) -> int:
-    from toolbox import available_tools, create_tool
+    from mmagent.toolbox import available_tools, create_tool
 
     tools = [create_tool(n) for n in available_tools()]
     if args.json:
@@ -162,8 +162,8 @@ def _add_synth(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    from eval.benchmarks import synth
-    from training.synth_data import default_sft_path, write_sft_data
+    from mmagent.eval.benchmarks import synth
+    from mmagent.training.synth_data import default_sft_path, write_sft_data
 
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     try:
@@ -186,7 +186,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 
 def _add_eval(sub: argparse._SubParsersAction) -> None:
-    from eval.registry import BENCHMARKS
+    from mmagent.eval.registry import BENCHMARKS
 
     p = sub.add_parser("eval", help="score a model on a benchmark; resumable, with a report",
                        description="Run a model on a benchmark folder. Predictions are appended to "
@@ -256,9 +256,9 @@ def _eval_policy(args: argparse.Namespace, media_budget):
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from eval.benchmarks.base import DatasetError
-    from eval.registry import get
-    from eval.runner import RunError, check_folder, model_label, run_eval
+    from mmagent.eval.benchmarks.base import DatasetError
+    from mmagent.eval.registry import get
+    from mmagent.eval.runner import RunError, check_folder, model_label, run_eval
     from mmagent.agent import Agent, Budgets
     from mmagent.policy.base import MediaBudget
 
@@ -292,7 +292,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             args.model = _model_or_default(args.model)
         media_budget = None
         if args.bench == "synth":
-            from eval.benchmarks import synth
+            from mmagent.eval.benchmarks import synth
 
             media_budget = synth.load_config(args.data_dir).media_budget()
         elif args.model and Path(args.model).expanduser().is_dir():
@@ -395,9 +395,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         import gradio  # noqa: F401
     except ImportError:
         return _fail("the demo needs Gradio, which is not installed: pip install 'mmagent[demo]'")
-    from demo.app import DemoRunner, build_app, default_work_dir, launch
-    from demo.examples import toy_examples
-    from demo.uploads import UploadLimits
+    from mmagent.demo.app import DemoRunner, build_app, default_work_dir, launch
+    from mmagent.demo.examples import toy_examples
+    from mmagent.demo.uploads import UploadLimits
     from mmagent.policy.hf import HFPolicy, SamplingConfig
 
     try:
@@ -445,12 +445,12 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from mmagent.policy.vllm_engine import VLLMUnavailable
-    from training.config import ConfigError, load_config
+    from mmagent.training.config import ConfigError, load_config
 
     if args.stage == "sft":
-        from training.sft import SFTConfig as Config, train_sft as train
+        from mmagent.training.sft import SFTConfig as Config, train_sft as train
     else:
-        from training.rl import RLConfig as Config, train_rl as train  # type: ignore[assignment]
+        from mmagent.training.rl import RLConfig as Config, train_rl as train  # type: ignore[assignment]
     try:
         cfg = load_config(Config, args.config, args.overrides)
         if not cfg.model:

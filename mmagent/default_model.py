@@ -1,7 +1,7 @@
 """The embedded default policy: a tiny Qwen2.5-VL trained on the toy world only.
 
 ``mmagent run`` and the demo use it when no ``--model`` is given, so that everything works offline
-on a fresh machine. It was trained from scratch on CPU by ``python -m training.recipes.toy_world``
+on a fresh machine. It was trained from scratch on CPU by ``python -m mmagent.training.recipes.toy_world``
 (SFT on the tool oracle's episodes, then DGRPO) on the toy world's four task families; it knows nothing
 of real videos or photos. Its folder's ``mmagent.json`` holds the pixel budget and tools it was trained
 with, its scores and the command that reproduces it.
@@ -23,7 +23,7 @@ def default_model_path() -> Path:
     """The embedded model's folder; FileNotFoundError (saying how to rebuild it) if it is not installed."""
     if not (DEFAULT_MODEL_DIR / "config.json").is_file():
         raise FileNotFoundError(f"the built-in model is missing from {DEFAULT_MODEL_DIR}; rebuild it with "
-                                "`python -m training.recipes.toy_world runs/toy --install`, or pass --model")
+                                "`python -m mmagent.training.recipes.toy_world runs/toy --install`, or pass --model")
     return DEFAULT_MODEL_DIR
 
 

@@ -23,7 +23,7 @@ from typing import Callable, Sequence, TypeVar
 import numpy as np
 from PIL import Image, ImageOps
 
-from toolbox.base import Frame, ToolError
+from mmagent.toolbox.base import Frame, ToolError
 
 T = TypeVar("T")
 #: draws on a decoded (H, W, 3) RGB frame in place, given its timestamp in seconds

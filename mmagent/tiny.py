@@ -53,7 +53,7 @@ CHAT_TEMPLATE = (
 
 def _training_corpus() -> list[str]:
     """Text the tiny tokenizer learns merges from: the agent's prompts, tags, numbers and English."""
-    from toolbox import create_tool
+    from mmagent.toolbox import create_tool
 
     # A fixed list, not available_tools(): the vocabulary must not depend on what happens to be imported.
     schemas = [create_tool(n).schema() for n in TOKENIZER_TOOLS]
@@ -202,7 +202,7 @@ def imprint(path: str | os.PathLike, steps: int = 500, lr: float = 3e-3, seed: i
     from mmagent.policy.hf import HFPolicy
     from mmagent.policy.replay import ReplayChooser
     from mmagent.protocol import parse_turn
-    from toolbox import create_tool
+    from mmagent.toolbox import create_tool
 
     policy = HFPolicy.from_pretrained(str(path), device="cpu", dtype=torch.float32,
                                       chooser=ReplayChooser(list(IMPRINT_TURNS)))

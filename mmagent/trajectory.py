@@ -16,7 +16,7 @@ from typing import Any, Iterable, Iterator
 
 from PIL import Image
 
-from toolbox.base import Observation
+from mmagent.toolbox.base import Observation
 
 
 @dataclass

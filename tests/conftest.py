@@ -7,11 +7,18 @@ temporary folders once per test session and loaded back with ``from_pretrained``
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 # The suite must never reach a model hub: fail at once instead of retrying for minutes.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+# `python -m pytest` puts the checkout's root first on sys.path, where toolbox/, eval/, training/ and demo/
+# would import under their bare folder names. Installed, they exist only as mmagent.toolbox, mmagent.eval, ...
+# Taking the root off makes a stray `import eval...` fail here as it would for a user.
+_ROOT = Path(__file__).resolve().parent.parent
+sys.path[:] = [p for p in sys.path if Path(p or os.getcwd()).resolve() != _ROOT]
 
 import pytest  # noqa: E402
 

@@ -19,8 +19,8 @@ def main(stage: str, model: str, data: str, out: str) -> None:
     from accelerate import PartialState
     from transformers import AutoModelForImageTextToText
 
-    from training.rl import RLConfig, train_rl
-    from training.sft import SFTConfig, param_fingerprint, train_sft
+    from mmagent.training.rl import RLConfig, train_rl
+    from mmagent.training.sft import SFTConfig, param_fingerprint, train_sft
 
     state = PartialState(cpu=True)
     start = param_fingerprint(AutoModelForImageTextToText.from_pretrained(model))

@@ -14,7 +14,7 @@ from mmagent.policy.hf import HFPolicy
 from mmagent.policy.replay import ReplayChooser
 from mmagent.protocol import format_tool_call
 from mmagent.trajectory import Task, load_jsonl, save_jsonl
-from toolbox import Observation, Tool
+from mmagent.toolbox import Observation, Tool
 
 RESAMPLE = "<think>Look again.</think>" + format_tool_call("resample_frames", {"start": 1.0, "end": 2.0, "num_frames": 2})
 ZOOM = "<think>Closer.</think>" + format_tool_call("zoom", {"bbox": [0, 0, 40, 28], "source": "obs:1"})

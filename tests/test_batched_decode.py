@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from eval.benchmarks import synth
+from mmagent.eval.benchmarks import synth
 from mmagent import Agent, Budgets
 from mmagent.default_model import default_model_path
 from mmagent.media import EpisodeMedia
@@ -19,7 +19,7 @@ from mmagent.policy.hf import HFPolicy, SharedPrefixes
 from mmagent.policy.replay import ReplayChooser
 from mmagent.protocol import format_tool_call
 from mmagent.trajectory import Task
-from toolbox.base import Observation, Tool
+from mmagent.toolbox.base import Observation, Tool
 
 CALL = "<think>Again.</think>" + format_tool_call("resample_frames", {"start": 0.5, "end": 3.5, "num_frames": 2})
 LONG = "<think>" + "Let me think about the colours once more. " * 6 + "</think>"

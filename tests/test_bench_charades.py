@@ -1,4 +1,4 @@
-"""eval.benchmarks.charades_sta on tiny folders in the release layouts, with IoUs computed by hand."""
+"""mmagent.eval.benchmarks.charades_sta on tiny folders in the release layouts, with IoUs computed by hand."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from eval.benchmarks import charades_sta
-from eval.benchmarks.base import DatasetError
+from mmagent.eval.benchmarks import charades_sta
+from mmagent.eval.benchmarks.base import DatasetError
 from mmagent.tiny import write_synthetic_video
 from mmagent.trajectory import Task
 

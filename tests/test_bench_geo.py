@@ -1,4 +1,4 @@
-"""eval.benchmarks.geo on tiny IM2GPS3K and GeoBench folders, with distances known in closed form."""
+"""mmagent.eval.benchmarks.geo on tiny IM2GPS3K and GeoBench folders, with distances known in closed form."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from eval.benchmarks import geo
-from eval.benchmarks.base import DatasetError
+from mmagent.eval.benchmarks import geo
+from mmagent.eval.benchmarks.base import DatasetError
 
 HEADER = "IMG_ID,AUTHOR,LAT,LON,S3_Label,S16_Label,S365_Label,Prob_indoor,Prob_natural,Prob_urban"
 ROWS = ["paris_1_1_1@N00.jpg,1@N00,48.8566,2.3522,2,11,84,0.01,0.02,0.97",

@@ -1,4 +1,4 @@
-"""eval.benchmarks.videomme on tiny folders in the release layouts, with hand-computed scores."""
+"""mmagent.eval.benchmarks.videomme on tiny folders in the release layouts, with hand-computed scores."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from eval.benchmarks import videomme
-from eval.benchmarks.base import DatasetError
+from mmagent.eval.benchmarks import videomme
+from mmagent.eval.benchmarks.base import DatasetError
 from mmagent.tiny import write_synthetic_video
 from mmagent.trajectory import Task
 

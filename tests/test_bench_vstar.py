@@ -1,4 +1,4 @@
-"""eval.benchmarks.vstar on a tiny folder in the craigwu/vstar_bench layout, with hand-counted accuracy."""
+"""mmagent.eval.benchmarks.vstar on a tiny folder in the craigwu/vstar_bench layout, with hand-counted accuracy."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from eval.benchmarks import vstar
-from eval.benchmarks.base import DatasetError
+from mmagent.eval.benchmarks import vstar
+from mmagent.eval.benchmarks.base import DatasetError
 from mmagent.trajectory import Task
 
 INSTRUCTION = "Answer with the option's letter from the given choices directly."

@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from eval.benchmarks import synth
+from mmagent.eval.benchmarks import synth
 from mmagent import cli, default_model
 from mmagent.default_model import DEFAULT_MODEL_DIR, default_model_info
-from training.recipes.toy_world import reference_answers
+from mmagent.training.recipes.toy_world import reference_answers
 
 
 def test_the_builtin_model_is_shipped_and_labelled() -> None:
     info = default_model_info()
-    assert "toy world ONLY" in info["label"] and info["recipe"].startswith("python -m training.recipes.toy_world")
+    assert "toy world ONLY" in info["label"] and info["recipe"].startswith("python -m mmagent.training.recipes.toy_world")
     assert set(info["test_scores"]) == {*synth.FAMILIES, "overall"}
     assert info["training_s"] < 30 * 60
     assert len(info["reference"]["answers"]) == len(synth.FAMILIES) * info["reference"]["per_family"]
@@ -49,4 +49,4 @@ def test_run_without_the_builtin_model_says_how_to_get_it(video_path: Path, tmp_
     monkeypatch.setattr(default_model, "DEFAULT_MODEL_DIR", tmp_path / "gone")
     assert cli.main(["run", "--video", str(video_path), "What colour is the screen?"]) == 2
     err = capsys.readouterr().err
-    assert "built-in model is missing" in err and "training.recipes.toy_world" in err
+    assert "built-in model is missing" in err and "mmagent.training.recipes.toy_world" in err

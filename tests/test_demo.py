@@ -14,15 +14,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from demo.app import DemoRunner
-from demo.episode_view import EpisodeView, export_trajectory, title_of
-from demo.uploads import UploadError, UploadLimits, check_image, check_video
+from mmagent.demo.app import DemoRunner
+from mmagent.demo.episode_view import EpisodeView, export_trajectory, title_of
+from mmagent.demo.uploads import UploadError, UploadLimits, check_image, check_video
 from mmagent.cli import main
 from mmagent.policy.hf import HFPolicy
 from mmagent.policy.replay import ReplayChooser
 from mmagent.protocol import format_tool_call
 from mmagent.trajectory import Trajectory
-from toolbox import Observation, Tool
+from mmagent.toolbox import Observation, Tool
 
 RESAMPLE = "<think>Look again.</think>" + format_tool_call("resample_frames", {"start": 1.0, "end": 2.0, "num_frames": 2})
 BAD_ZOOM = "<think>Closer.</think>" + format_tool_call("zoom", {"bbox": [0, 0, 40, 28], "source": "obs:99"})
@@ -199,7 +199,7 @@ def test_export_round_trips(tiny_model_dir, video_path, tmp_path):
 def test_examples_are_toy_world_items_with_browser_playable_video(tmp_path):
     import av
 
-    from demo.examples import toy_examples
+    from mmagent.demo.examples import toy_examples
     from mmagent.media import open_video
 
     examples = toy_examples(tmp_path)

@@ -56,8 +56,8 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def served_demo(tmp_path_factory):
-    from demo.app import DemoRunner, build_app, launch
-    from demo.examples import toy_examples
+    from mmagent.demo.app import DemoRunner, build_app, launch
+    from mmagent.demo.examples import toy_examples
     from mmagent.default_model import LABEL, default_model_path, default_model_info
     from mmagent.policy.hf import HFPolicy
 

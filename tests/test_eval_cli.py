@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from eval.benchmarks import synth
+from mmagent.eval.benchmarks import synth
 
 
 def _mmagent(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from deadlines import sigkill_when
 
-from eval.benchmarks import synth
-from eval.runner import PREDICTIONS_FILE, RunError, read_predictions, run_eval
+from mmagent.eval.benchmarks import synth
+from mmagent.eval.runner import PREDICTIONS_FILE, RunError, read_predictions, run_eval
 from mmagent.agent import Agent, Budgets
 from mmagent.cli import main
 from mmagent.policy.base import Generation, MediaBudget, Policy, Session
@@ -219,7 +219,7 @@ def test_kill_9_then_resume_loses_nothing_and_matches_an_uninterrupted_run(toy, 
 
 
 def test_the_registry_names_the_known_benchmarks():
-    from eval.registry import UnknownBenchmark, get, names
+    from mmagent.eval.registry import UnknownBenchmark, get, names
 
     assert names() == ["synth", "videomme", "charades_sta", "geo", "vstar"]
     for name in names():

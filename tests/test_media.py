@@ -12,7 +12,7 @@ from PIL import Image
 from mmagent import media as media_mod
 from mmagent.media import BACKENDS, EpisodeMedia, MediaError, frames_to_array, load_image, open_video
 from mmagent.tiny import write_synthetic_video
-from toolbox import ToolError
+from mmagent.toolbox import ToolError
 
 RED, GREEN, BLUE, YELLOW = (255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0)
 COLORS = [RED, GREEN, BLUE, YELLOW]

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from eval.metrics import (
+from mmagent.eval.metrics import (
     EARTH_RADIUS_KM,
     Place,
     extract_option_letter,

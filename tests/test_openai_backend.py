@@ -19,7 +19,7 @@ import pytest
 import torch
 from PIL import Image
 
-from eval.benchmarks import synth
+from mmagent.eval.benchmarks import synth
 from mmagent.cli import main
 from mmagent.media import EpisodeMedia
 from mmagent.policy.base import MediaBudget
@@ -27,7 +27,7 @@ from mmagent.policy.hf import HFPolicy, concat_segments
 from mmagent.policy.openai_http import HTTPSession, OpenAIBackendError, OpenAIPolicy, restore_stop
 from mmagent.protocol import format_tool_call
 from mmagent.serve import ChatEngine
-from toolbox import Observation
+from mmagent.toolbox import Observation
 
 CALL = "<think>look closer</think>" + format_tool_call("zoom", {"image": "image", "box": [0, 0, 32, 32]})
 

@@ -11,7 +11,7 @@ from mmagent.policy.base import MediaBudget
 from mmagent.policy.hf import HFPolicy, SamplingConfig, concat_segments
 from mmagent.policy.replay import ReplayChooser
 from mmagent.protocol import format_tool_call
-from toolbox import Observation
+from mmagent.toolbox import Observation
 
 CALL = "<think>look again</think>" + format_tool_call("resample_frames", {"start": 0, "end": 2, "num_frames": 2})
 

@@ -16,7 +16,7 @@ from mmagent.protocol import (
     parse_turn,
     render_system_prompt,
 )
-from toolbox import create_tool
+from mmagent.toolbox import create_tool
 
 TOOLS = ["resample_frames", "zoom"]
 

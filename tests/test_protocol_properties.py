@@ -20,10 +20,10 @@ from mmagent.media import EpisodeMedia, open_video
 from mmagent.protocol import (MAX_JSON_DEPTH, Answer, ProtocolError, ToolCall, format_tool_call, parse_tool_call,
                               parse_turn)
 from mmagent.tiny import write_synthetic_video
-from toolbox import ToolError, create_tool
-from toolbox.base import clip_view_box
-from toolbox.search_backends import clean_text
-from toolbox.zoom import expand_box
+from mmagent.toolbox import ToolError, create_tool
+from mmagent.toolbox.base import clip_view_box
+from mmagent.toolbox.search_backends import clean_text
+from mmagent.toolbox.zoom import expand_box
 
 TOOLS = ["resample_frames", "zoom", "web_search"]
 KINDS = {"malformed", "no_action", "unknown_tool", "truncated"}

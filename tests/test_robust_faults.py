@@ -23,9 +23,9 @@ from mmagent.policy.hf import HFPolicy
 from mmagent.policy.replay import ReplayChooser
 from mmagent.protocol import format_tool_call
 from mmagent.trajectory import Task
-from toolbox import Observation, Tool, ToolError, create_tool
-from toolbox.search_backends import MAX_RESPONSE_BYTES, SerperBackend
-from toolbox.web_search import WebSearch
+from mmagent.toolbox import Observation, Tool, ToolError, create_tool
+from mmagent.toolbox.search_backends import MAX_RESPONSE_BYTES, SerperBackend
+from mmagent.toolbox.web_search import WebSearch
 
 ANSWER = "<answer>green</answer>"
 

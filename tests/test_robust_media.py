@@ -278,7 +278,7 @@ PROBE = r'''
 import json, sys
 import numpy as np
 from mmagent.media import open_video, load_image
-from demo.uploads import UploadLimits, check_image, check_video
+from mmagent.demo.uploads import UploadLimits, check_image, check_video
 
 def err(e):
     return [type(e).__name__, str(e)]
@@ -512,7 +512,7 @@ def test_a_batch_with_broken_media_answers_the_good_items(tiny_model_dir, video_
 
 
 def test_an_eval_with_a_broken_video_finishes_and_records_the_error(tiny_model_dir, probed, tmp_path):
-    from eval.benchmarks import synth
+    from mmagent.eval.benchmarks import synth
     from mmagent.cli import main
 
     world = tmp_path / "world"

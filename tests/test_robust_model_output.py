@@ -18,8 +18,8 @@ from mmagent import Agent, Budgets
 from mmagent.policy.hf import HFPolicy
 from mmagent.policy.replay import ReplayChooser
 from mmagent.trajectory import Task
-from toolbox.web_search import WebSearch
-from training.rewards import RewardConfig, reward_parts
+from mmagent.toolbox.web_search import WebSearch
+from mmagent.training.rewards import RewardConfig, reward_parts
 
 ANSWER = "<answer>green</answer>"
 MAX_NEW = 600

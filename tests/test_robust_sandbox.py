@@ -29,9 +29,9 @@ from mmagent.media import EpisodeMedia
 from mmagent.policy.hf import HFPolicy
 from mmagent.policy.replay import ReplayChooser
 from mmagent.protocol import format_tool_call
-from toolbox import Observation, ToolError, create_tool
-from toolbox.search_backends import SerperBackend
-from toolbox.web_search import WebSearch
+from mmagent.toolbox import Observation, ToolError, create_tool
+from mmagent.toolbox.search_backends import SerperBackend
+from mmagent.toolbox.web_search import WebSearch
 
 SECRET_COLOUR = (13, 250, 171)
 WATCHED = ("open", "os.listdir", "os.scandir", "socket.connect", "socket.getaddrinfo", "urllib.Request",

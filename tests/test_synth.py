@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from eval.benchmarks import synth
-from eval.synth import render
-from eval.synth.families import SynthConfig, make_item, option_values
-from eval.synth.oracle import SYNTH_TOOLS, _grounding_brackets
-from eval.synth.perception import classify_shape, find_shape, read_label_by_synthesis
-from eval.synth.scoring import CHANCE, score_answer
+from mmagent.eval.benchmarks import synth
+from mmagent.eval.synth import render
+from mmagent.eval.synth.families import SynthConfig, make_item, option_values
+from mmagent.eval.synth.oracle import SYNTH_TOOLS, _grounding_brackets
+from mmagent.eval.synth.perception import classify_shape, find_shape, read_label_by_synthesis
+from mmagent.eval.synth.scoring import CHANCE, score_answer
 from mmagent.media import open_video
 from mmagent.policy.base import fit_image
 from mmagent.trajectory import load_jsonl
-from training.synth_data import sft_scripts, write_sft_data
+from mmagent.training.synth_data import sft_scripts, write_sft_data
 
 CFG = SynthConfig()
 

@@ -18,14 +18,14 @@ from PIL import Image
 from transformers import (AutoImageProcessor, AutoModelForDepthEstimation, DepthAnythingConfig,
                           DepthAnythingForDepthEstimation, Dinov2Config, DPTImageProcessor)
 
-import toolbox.depth as depth_module
+import mmagent.toolbox.depth as depth_module
 from mmagent import Agent
 from mmagent.media import EpisodeMedia
 from mmagent.policy.hf import HFPolicy
 from mmagent.policy.replay import ReplayChooser
 from mmagent.protocol import format_tool_call
-from toolbox import ToolError
-from toolbox.depth import Depth, normalise_nearness
+from mmagent.toolbox import ToolError
+from mmagent.toolbox.depth import Depth, normalise_nearness
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from mmagent.media import EpisodeMedia
 from mmagent.policy.hf import HFPolicy
 from mmagent.policy.replay import ReplayChooser
 from mmagent.protocol import format_tool_call
-from toolbox import ToolError, create_tool
+from mmagent.toolbox import ToolError, create_tool
 
 SAM_SIZE = 64
 
@@ -50,13 +50,13 @@ def _save_tiny_sam(path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def seg() -> ModuleType:
-    """``toolbox.segment``, imported only once a test here runs.
+    """``mmagent.toolbox.segment``, imported only once a test here runs.
 
     Importing it registers "segment", and ``mmagent.tiny`` trains the tiny checkpoints' tokenizer on the
     schemas of every registered tool: importing it at collection would change the session's tiny models
     (and the imprinted model's greedy behaviour) for the other test modules.
     """
-    return importlib.import_module("toolbox.segment")
+    return importlib.import_module("mmagent.toolbox.segment")
 
 
 @pytest.fixture(scope="module")

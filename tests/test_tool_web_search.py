@@ -23,10 +23,10 @@ from mmagent import Agent
 from mmagent.policy.hf import HFPolicy
 from mmagent.policy.replay import ReplayChooser
 from mmagent.protocol import format_tool_call
-from toolbox import ToolError, create_tool
-from toolbox import web_search as ws
-from toolbox.geo_corpus import CorpusError, build_geo_corpus, geo_corpus, load_corpus_jsonl, write_corpus_jsonl
-from toolbox.web_search import (BM25Backend, DDGSBackend, SearchResult, SerperBackend, WebSearch, clean_text,
+from mmagent.toolbox import ToolError, create_tool
+from mmagent.toolbox import web_search as ws
+from mmagent.toolbox.geo_corpus import CorpusError, build_geo_corpus, geo_corpus, load_corpus_jsonl, write_corpus_jsonl
+from mmagent.toolbox.web_search import (BM25Backend, DDGSBackend, SearchResult, SerperBackend, WebSearch, clean_text,
                                 make_backend)
 
 
@@ -205,7 +205,7 @@ def test_index_cache_is_reused_and_rebuilt_when_damaged(tmp_path, monkeypatch, c
     # a damaged cache is rebuilt, with a warning
     monkeypatch.setattr(ws._BM25Index, "build", real_build)
     (folder / "docs.jsonl").write_text("{broken\n")
-    with caplog.at_level(logging.WARNING, logger="toolbox.web_search"):
+    with caplog.at_level(logging.WARNING, logger="mmagent.toolbox.web_search"):
         rebuilt = ws._load_or_build(folder, lambda: docs, "light")
     assert "rebuilding" in caplog.text and rebuilt.search("word3", 1)[0][0]["title"] == "Place 3"
     assert load_corpus_jsonl(folder / "docs.jsonl") == docs

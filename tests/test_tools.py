@@ -8,9 +8,9 @@ from PIL import Image
 
 from mmagent.media import EpisodeMedia
 from mmagent.tiny import write_synthetic_video
-from toolbox import Observation, Tool, ToolError, available_tools, create_tool, register, resolve_tools
-from toolbox.frames import ResampleFrames, stamp_time, window_times
-from toolbox.zoom import Zoom, expand_box
+from mmagent.toolbox import Observation, Tool, ToolError, available_tools, create_tool, register, resolve_tools
+from mmagent.toolbox.frames import ResampleFrames, stamp_time, window_times
+from mmagent.toolbox.zoom import Zoom, expand_box
 
 RED, GREEN, BLUE, YELLOW = (255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0)
 TOL = 40

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from eval.benchmarks import synth
+from mmagent.eval.benchmarks import synth
 from mmagent.policy.hf import HFPolicy
 from mmagent.tiny import build_tiny_qwen2_5_vl
 from mmagent.trajectory import Task, save_jsonl
-from training.common import media_budget
-from training.rl import RLConfig, episode_weights, train_rl
-from training.sft import SFTConfig, param_fingerprint, train_sft
-from training.synth_data import write_sft_data
+from mmagent.training.common import media_budget
+from mmagent.training.rl import RLConfig, episode_weights, train_rl
+from mmagent.training.sft import SFTConfig, param_fingerprint, train_sft
+from mmagent.training.synth_data import write_sft_data
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,7 +79,7 @@ def test_sft_with_lora_trains_adapters_and_merges_them(fresh_model: Path, sft_da
 
 
 def _torchrun(stage: str, model: str, data: str, out: Path) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
            str(ROOT / "tests" / "distributed_train.py"), stage, model, data, str(out)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
@@ -122,7 +122,7 @@ def _success_rate(model: str, tasks: list[Task], samples: int, seed: int) -> flo
     """Share of sampled episodes (temperature 1, as in RL) whose answer is the task's letter."""
     from mmagent.agent import Agent, Budgets
     from mmagent.policy.hf import SamplingConfig
-    from training.rewards import task_reward
+    from mmagent.training.rewards import task_reward
 
     policy = HFPolicy.from_pretrained(model, device="cpu", dtype=torch.float32, media_budget=media_budget("synth"),
                                       sampling=SamplingConfig(temperature=1.0))
@@ -192,7 +192,7 @@ def test_copy_drills_repeat_their_string_and_warm_up_learns_its_texts(fresh_mode
 
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from training.recipes.text_warmup import copy_drill, warm_up
+    from mmagent.training.recipes.text_warmup import copy_drill, warm_up
 
     rng = random.Random(0)
     for _ in range(20):

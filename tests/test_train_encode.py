@@ -7,16 +7,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from eval.benchmarks import synth
-from eval.synth.families import SynthConfig
+from mmagent.eval.benchmarks import synth
+from mmagent.eval.synth.families import SynthConfig
 from mmagent.agent import Agent, Budgets
 from mmagent.policy.hf import HFPolicy, SamplingConfig
 from mmagent.trajectory import load_jsonl
-from training.config import ConfigError, load_config
-from training.encode import EncodeError, encode_trajectory, forward_logits, next_token_targets
-from training.rl import RLConfig
-from training.sft import SFTConfig
-from training.synth_data import write_sft_data
+from mmagent.training.config import ConfigError, load_config
+from mmagent.training.encode import EncodeError, encode_trajectory, forward_logits, next_token_targets
+from mmagent.training.rl import RLConfig
+from mmagent.training.sft import SFTConfig
+from mmagent.training.synth_data import write_sft_data
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
-from eval.metrics import haversine_km
+from mmagent.eval.metrics import haversine_km
 from mmagent.trajectory import Task, ToolCallRecord, Trajectory, Turn
-from training.advantages import AdvantageConfig, DifficultyTracker, compute_advantages, group_advantages
-from training.losses import aggregate, policy_loss, sft_loss, token_logprobs
-from training.rewards import RewardConfig, format_score, geolocation_reward, reward_parts, task_reward
+from mmagent.training.advantages import AdvantageConfig, DifficultyTracker, compute_advantages, group_advantages
+from mmagent.training.losses import aggregate, policy_loss, sft_loss, token_logprobs
+from mmagent.training.rewards import RewardConfig, format_score, geolocation_reward, reward_parts, task_reward
 
 # ----- rewards ------------------------------------------------------------------------------------------
 

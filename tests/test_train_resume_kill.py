@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from deadlines import sigkill_when
 
-from eval.benchmarks import synth
+from mmagent.eval.benchmarks import synth
 from mmagent.cli import main
 from mmagent.policy.hf import HFPolicy
 from mmagent.tiny import build_tiny_qwen2_5_vl
-from training.common import latest_checkpoint, param_fingerprint
-from training.synth_data import write_sft_data
+from mmagent.training.common import latest_checkpoint, param_fingerprint
+from mmagent.training.synth_data import write_sft_data
 
 STEPS = 8  # 4 episodes, one per step: two epochs, so the resumed run crosses an epoch's reshuffle
 
@@ -124,8 +124,8 @@ def test_bad_numbers_in_a_training_config_are_refused_before_anything_loads(over
 
 def test_numbers_yaml_reads_as_strings_still_train():
     """``lr=3e-3`` (a string to YAML 1.1, and so to the config) is the float it looks like."""
-    from training.config import load_config
-    from training.sft import SFTConfig
+    from mmagent.training.config import load_config
+    from mmagent.training.sft import SFTConfig
 
     cfg = load_config(SFTConfig, "sft_synth", ["lr=3e-3", "weight_decay=1e-2", "max_grad_norm=1"])
     assert (cfg.lr, cfg.weight_decay, cfg.max_grad_norm) == (0.003, 0.01, 1.0)

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from mmagent.trajectory import Task, ToolCallRecord, Trajectory, Turn, load_jsonl, save_jsonl
-from toolbox import Observation
+from mmagent.toolbox import Observation
 
 
 def _image(seed: int, size=(12, 8)) -> Image.Image:

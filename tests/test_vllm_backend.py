@@ -11,7 +11,7 @@ import types
 import pytest
 from PIL import Image
 
-from eval.benchmarks import synth
+from mmagent.eval.benchmarks import synth
 from mmagent.cli import main
 from mmagent.media import EpisodeMedia
 from mmagent.policy.base import MediaBudget
@@ -19,7 +19,7 @@ from mmagent.policy.hf import HFPolicy
 from mmagent.policy.messages import render_chatml
 from mmagent.policy.vllm_engine import VLLMPolicy, VLLMUnavailable
 from mmagent.protocol import STOP_STRINGS, format_tool_call
-from toolbox import Observation
+from mmagent.toolbox import Observation
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 CALL = "<think>again</think>" + format_tool_call("resample_frames", {"start": 0, "end": 2})

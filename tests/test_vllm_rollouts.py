@@ -24,10 +24,10 @@ from mmagent.policy.hf import HFPolicy
 from mmagent.policy.replay import ReplayChooser
 from mmagent.policy.vllm_engine import VLLMPolicy
 from mmagent.protocol import format_tool_call
-from training.common import LoraSettings, make_trainable
-from training.encode import encode_trajectory
-from training.rl import RLConfig
-from training.vllm_rollouts import push_weights, resolve_backend
+from mmagent.training.common import LoraSettings, make_trainable
+from mmagent.training.encode import encode_trajectory
+from mmagent.training.rl import RLConfig
+from mmagent.training.vllm_rollouts import push_weights, resolve_backend
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 CALL = "<think>Look again.</think>" + format_tool_call("resample_frames", {"start": 1.0, "end": 2.0, "num_frames": 2})
@@ -164,7 +164,7 @@ def test_rollout_backend_choice_and_errors(tiny_model_dir, tmp_path, capsys):
     with pytest.raises(ValueError, match="unknown rollout_backend 'sglang'; use hf, vllm, auto"):
         RLConfig(rollout_backend="sglang")
     if not HAVE_VLLM:
-        from eval.benchmarks import synth
+        from mmagent.eval.benchmarks import synth
 
         synth.build(tmp_path / "toy", per_family=1, seed=0, families=["video_qa"], progress=False)
         rc = main(["train", "rl", "--config", "rl_synth", f"model={tiny_model_dir}", f"data={tmp_path / 'toy'}",

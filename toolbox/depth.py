@@ -1,7 +1,7 @@
 """``depth``: estimate how near or far things are in an image the model saw, with a monocular depth model.
 
 The model (Depth Anything V2 Small by default, through ``transformers``' ``AutoModelForDepthEstimation``)
-is loaded on the first call and shared by every tool instance in the process (``toolbox.model_cache``).
+is loaded on the first call and shared by every tool instance in the process (``mmagent.toolbox.model_cache``).
 The tool returns a colourised depth map of the source image and, for each point or box asked for (in
 pixels of the view the model was shown), a nearness value normalised to 0..1 over the image:
 1 is the nearest thing in the image, 0 the farthest. Values are relative, never metres, unless the
@@ -18,9 +18,9 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from toolbox.base import Observation, Tool, ToolContext, ToolError
-from toolbox.model_cache import default_device, shared_model
-from toolbox.registry import register
+from mmagent.toolbox.base import Observation, Tool, ToolContext, ToolError
+from mmagent.toolbox.model_cache import default_device, shared_model
+from mmagent.toolbox.registry import register
 
 DEFAULT_MODEL_ID = "depth-anything/Depth-Anything-V2-Small-hf"
 MAX_POINTS = 16

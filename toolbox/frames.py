@@ -15,8 +15,8 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from toolbox.base import Frame, Observation, Tool, ToolContext, ToolError
-from toolbox.registry import register
+from mmagent.toolbox.base import Frame, Observation, Tool, ToolContext, ToolError
+from mmagent.toolbox.registry import register
 
 
 def draw_time(arr: np.ndarray, seconds: float) -> None:

@@ -14,7 +14,7 @@ and for a US state the total of its cities in the corpus (the data has no state 
 ``url`` is a pseudo URL ``geonames:<geonameid>``: nothing is fetched, it only names the source record.
 Building the default corpus (about 34,000 documents) takes well under a second, so :func:`geo_corpus`
 builds it in memory on first use and keeps it for the process; this module writes nothing to disk (the
-search index over it is cached by :mod:`toolbox.web_search`). :func:`write_corpus_jsonl` and
+search index over it is cached by :mod:`mmagent.toolbox.web_search`). :func:`write_corpus_jsonl` and
 :func:`load_corpus_jsonl` read and write the same documents as JSON Lines, the format a custom corpus
 for the search backend is given in.
 """

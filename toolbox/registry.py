@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, TypeVar
 
-from toolbox.base import Tool
+from mmagent.toolbox.base import Tool
 
 _REGISTRY: dict[str, type[Tool]] = {}
 

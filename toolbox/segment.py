@@ -9,7 +9,7 @@ source resolution and shown overlaid on the source. The text reports the mask's 
 box in view pixels, so the model can ``zoom`` into it next.
 
 The model is loaded on first use, once per process and (model id, device), and shared by every tool
-instance through :func:`toolbox.model_cache.shared_model`; importing this module does not import torch.
+instance through :func:`mmagent.toolbox.model_cache.shared_model`; importing this module does not import torch.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from typing import Any, Sequence
 import numpy as np
 from PIL import Image, ImageFilter
 
-from toolbox.base import Observation, Tool, ToolContext, ToolError, clip_view_box
-from toolbox.model_cache import default_device, shared_model
-from toolbox.registry import register
+from mmagent.toolbox.base import Observation, Tool, ToolContext, ToolError, clip_view_box
+from mmagent.toolbox.model_cache import default_device, shared_model
+from mmagent.toolbox.registry import register
 
 DEFAULT_MODEL_ID = "facebook/sam-vit-base"
 MASK_COLOUR = (30, 144, 255)

@@ -5,7 +5,7 @@ fixed by whoever builds the tool, never by the model: a :class:`SearchBackend` p
 :func:`make_backend` or passed in directly.
 
 The backends (offline ``bm25`` by default, live ``ddgs`` and ``serper``) live in
-:mod:`toolbox.search_backends`; this module is the tool the model calls.
+:mod:`mmagent.toolbox.search_backends`; this module is the tool the model calls.
 
 Network failures, a missing key or a missing optional package become :class:`ToolError`, which the
 agent shows the model as an error observation. Queries and every piece of result text are cleaned and
@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from toolbox.base import Observation, Tool, ToolContext, ToolError
-from toolbox.registry import register
-from toolbox.search_backends import (  # noqa: F401  (re-exported: the backends are configured through this tool)
+from mmagent.toolbox.base import Observation, Tool, ToolContext, ToolError
+from mmagent.toolbox.registry import register
+from mmagent.toolbox.search_backends import (  # noqa: F401  (re-exported: the backends are configured through this tool)
     _BM25Index, _load_or_build, BM25Backend, DDGSBackend, DEFAULT_K, DEFAULT_SNIPPET_CHARS, MAX_K,
     MAX_QUERY_CHARS, MAX_RESPONSE_BYTES, MAX_TITLE_CHARS, MAX_URL_CHARS, SearchBackend, SearchResult,
     SerperBackend, available_backends, clean_text, default_cache_dir, make_backend)

@@ -12,8 +12,8 @@ from typing import Any
 
 from PIL import Image
 
-from toolbox.base import Observation, Tool, ToolContext, ToolError, clip_view_box
-from toolbox.registry import register
+from mmagent.toolbox.base import Observation, Tool, ToolContext, ToolError, clip_view_box
+from mmagent.toolbox.registry import register
 
 MAX_ASPECT_RATIO = 100.0
 

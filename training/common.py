@@ -41,7 +41,7 @@ class LoraSettings:
 def media_budget(name: str) -> MediaBudget:
     """``synth``: the toy world's budget; ``default``: :class:`MediaBudget`'s defaults."""
     if name == "synth":
-        from eval.synth.families import SynthConfig
+        from mmagent.eval.synth.families import SynthConfig
 
         return SynthConfig().media_budget()
     if name == "default":

@@ -60,7 +60,7 @@ def format_score(traj: Trajectory) -> float:
 
 
 def geolocation_reward(match: dict, cfg: RewardConfig | None = None) -> float:
-    """Hierarchical score of a :func:`eval.metrics.geo_match` result, in [0, 1].
+    """Hierarchical score of a :func:`mmagent.eval.metrics.geo_match` result, in [0, 1].
 
     ``(1 - w) * tier + w * exp(-km / scale)``: the tier is the best level that is right (city, else
     region, else country, else 0) and ``w`` is ``geo_distance_weight``.
@@ -80,18 +80,18 @@ def task_reward(traj: Trajectory, cfg: RewardConfig | None = None) -> float:
         return 0.0
     task = traj.task
     if "family" in task.metadata:
-        from eval.synth.families import FAMILIES
-        from eval.synth.scoring import score_answer
+        from mmagent.eval.synth.families import FAMILIES
+        from mmagent.eval.synth.scoring import score_answer
 
         if task.task_type in FAMILIES:  # a toy-world task: its benchmark's own scoring
             parts = score_answer(task, answer)
             return geolocation_reward(parts, cfg) if task.task_type == "geolocation" else float(parts["score"])
     if task.options and isinstance(task.answer, str):
-        from eval.metrics import extract_option_letter
+        from mmagent.eval.metrics import extract_option_letter
 
         return float(extract_option_letter(answer, official=False) == task.answer.strip().upper()[:1])
     if task.task_type == "grounding" and task.answer is not None:
-        from eval.metrics import parse_interval, temporal_iou
+        from mmagent.eval.metrics import parse_interval, temporal_iou
 
         return temporal_iou(parse_interval(answer), tuple(task.answer))
     if isinstance(task.answer, str):

@@ -5,13 +5,13 @@ Run it with ``mmagent train rl --config configs/rl_synth.yaml [key=value ...]``.
 1. pick ``prompts_per_step`` tasks (seeded by step and process) and roll each out ``group_size`` times
    through the :class:`~mmagent.agent.Agent` — sampling policy, real tools, real observations; the
    rollouts come from the trained model itself, or with ``rollout_backend=vllm`` from an in-process vLLM
-   engine that gets the new weights after every step (:mod:`training.vllm_rollouts`);
-2. score every episode (:mod:`training.rewards`: task + format + tool-efficiency terms);
-3. advantages per group (:mod:`training.advantages`): GRPO, or DGRPO, which re-weights them by the
+   engine that gets the new weights after every step (:mod:`mmagent.training.vllm_rollouts`);
+2. score every episode (:mod:`mmagent.training.rewards`: task + format + tool-efficiency terms);
+3. advantages per group (:mod:`mmagent.training.advantages`): GRPO, or DGRPO, which re-weights them by the
    group's difficulty and by each task family's running success rate; groups whose rewards are all equal
    carry no signal and are skipped (counted in the logs);
-4. re-encode each kept episode from its recorded token ids (:mod:`training.encode`, which checks the ids
-   round-trip) and take one PPO-clip step on the policy's tokens only (:func:`training.losses.policy_loss`),
+4. re-encode each kept episode from its recorded token ids (:mod:`mmagent.training.encode`, which checks the ids
+   round-trip) and take one PPO-clip step on the policy's tokens only (:func:`mmagent.training.losses.policy_loss`),
    with an optional KL to the frozen starting model.
 
 The update is on-policy (one pass per batch of rollouts): the ratio's "old" policy is the sampler's own
@@ -40,13 +40,13 @@ from tqdm.auto import tqdm
 from mmagent.agent import Agent, Budgets
 from mmagent.policy.hf import SamplingConfig
 from mmagent.trajectory import Task, Trajectory, save_jsonl
-from training.advantages import AdvantageConfig, DifficultyTracker, compute_advantages
-from training.common import (LoraSettings, finish_logging, latest_checkpoint, load_checkpoint, load_policy,
+from mmagent.training.advantages import AdvantageConfig, DifficultyTracker, compute_advantages
+from mmagent.training.common import (LoraSettings, finish_logging, latest_checkpoint, load_checkpoint, load_policy,
                              make_trainable, param_fingerprint, save_checkpoint, save_final, trainable_parameters)
-from training.encode import encode_trajectory, forward_logits, next_token_targets
-from training.losses import AGGREGATIONS, policy_loss, token_logprobs
-from training.rewards import RewardConfig, reward_parts
-from training.vllm_rollouts import ROLLOUT_BACKENDS, push_weights, resolve_backend, start_engine
+from mmagent.training.encode import encode_trajectory, forward_logits, next_token_targets
+from mmagent.training.losses import AGGREGATIONS, policy_loss, token_logprobs
+from mmagent.training.rewards import RewardConfig, reward_parts
+from mmagent.training.vllm_rollouts import ROLLOUT_BACKENDS, push_weights, resolve_backend, start_engine
 
 #: tool calls per episode below which the log warns that tool use is collapsing (if the run began above it)
 TOOL_COLLAPSE_RATE = 0.1
@@ -109,7 +109,7 @@ class RLConfig:
 
 
 def load_tasks(data: str, families: Sequence[str] | None = None) -> list[Task]:
-    from eval.benchmarks import synth
+    from mmagent.eval.benchmarks import synth
 
     tasks = synth.load(data, families=families)
     if not tasks:

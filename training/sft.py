@@ -4,9 +4,9 @@ Run it with ``mmagent train sft --config configs/sft_synth.yaml [key=value ...]`
 ``accelerate launch`` for several processes). Design choices, bluntly:
 
 * One micro-batch is one episode: every image and frame of every turn goes through the processor and the
-  vision tower in one forward with its own M-RoPE positions (:mod:`training.encode`); episodes are
+  vision tower in one forward with its own M-RoPE positions (:mod:`mmagent.training.encode`); episodes are
   accumulated (``grad_accum`` per optimizer step) instead of padded together.
-* Loss only on the policy's tokens: prompt and observation tokens have mask 0 (:func:`training.losses.sft_loss`).
+* Loss only on the policy's tokens: prompt and observation tokens have mask 0 (:func:`mmagent.training.losses.sft_loss`).
 * accelerate does devices, processes (each rank takes its share of the episodes), gradient accumulation,
   TensorBoard logging and the checkpoint state; ``resume: true`` continues from the latest checkpoint with
   the same data order, so a resumed run ends with the same weights as an uninterrupted one.
@@ -27,10 +27,10 @@ import torch
 from tqdm.auto import tqdm
 
 from mmagent.trajectory import Trajectory, load_jsonl
-from training.common import (LoraSettings, finish_logging, latest_checkpoint, load_checkpoint, load_policy,
+from mmagent.training.common import (LoraSettings, finish_logging, latest_checkpoint, load_checkpoint, load_policy,
                              make_trainable, param_fingerprint, save_checkpoint, save_final, trainable_parameters)
-from training.encode import encode_trajectory, forward_logits, next_token_targets
-from training.losses import sft_loss
+from mmagent.training.encode import encode_trajectory, forward_logits, next_token_targets
+from mmagent.training.losses import sft_loss
 
 
 @dataclass

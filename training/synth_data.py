@@ -1,6 +1,6 @@
 """SFT cold-start data from the toy world: the oracle's tool-using episodes, as trajectories.
 
-:func:`write_sft_data` runs the tool oracle (:mod:`eval.synth.oracle`) through the real agent loop and
+:func:`write_sft_data` runs the tool oracle (:mod:`mmagent.eval.synth.oracle`) through the real agent loop and
 tools over a toy-world folder's tasks and saves the episodes whose answer scores at least ``min_score``
 as JSONL (+ the tool images), the schema SFT reads. The episodes hold the texts and observations, not
 token ids (the oracle is not a model); :func:`sft_scripts` gives each episode's assistant turns, which
@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from eval.benchmarks.synth import evaluate, oracle_agent
-from eval.synth.families import SynthConfig
+from mmagent.eval.benchmarks.synth import evaluate, oracle_agent
+from mmagent.eval.synth.families import SynthConfig
 from mmagent.trajectory import Task, Trajectory, save_jsonl
 
 

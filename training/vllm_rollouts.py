@@ -22,7 +22,7 @@ ROLLOUT_BACKENDS = ("hf", "vllm", "auto")
 
 
 def resolve_backend(name: str) -> str:
-    """``hf`` or ``vllm`` for a ``rollout_backend`` that :class:`~training.rl.RLConfig` has checked."""
+    """``hf`` or ``vllm`` for a ``rollout_backend`` that :class:`~mmagent.training.rl.RLConfig` has checked."""
     if name == "auto":
         return "vllm" if importlib.util.find_spec("vllm") is not None and torch.cuda.is_available() else "hf"
     return name

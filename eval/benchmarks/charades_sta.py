@@ -15,7 +15,7 @@ Prompt: lmms-eval's ``temporal_grounding_doc_to_text`` with the pre/post prompts
 ``f"{PRE_PROMPT}{caption}. {POST_PROMPT}"`` (typos kept); a caption's own final full stop is dropped first so
 it does not double.
 
-Scoring: the first [start, end] pair in the answer (:func:`eval.metrics.parse_interval`) against the
+Scoring: the first [start, end] pair in the answer (:func:`mmagent.eval.metrics.parse_interval`) against the
 truth by IoU; an answer without one scores IoU 0, as lmms-eval's bad predictions do. lmms-eval's own
 ``extract_time`` searches sentences with words such as "start"/"happens in" first, so a few free-form
 answers parse differently; answers of the form "24.3 - 30.4" agree. Reported: R@1 at IoU 0.3/0.5/0.7 and
@@ -29,9 +29,9 @@ import re
 from pathlib import Path
 from typing import Any, Sequence
 
-from eval.benchmarks.base import (ANNOTATIONS_HINT, DatasetError, check_media, check_unique, field, find_file, number, read_rows,
+from mmagent.eval.benchmarks.base import (ANNOTATIONS_HINT, DatasetError, check_media, check_unique, field, find_file, number, read_rows,
                                   share)
-from eval.metrics import mean_iou, parse_interval, recall_at_iou, temporal_iou
+from mmagent.eval.metrics import mean_iou, parse_interval, recall_at_iou, temporal_iou
 from mmagent.trajectory import Task
 
 NAME = "charades_sta"

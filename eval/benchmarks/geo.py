@@ -15,9 +15,9 @@ Release layouts read, found by their annotation file (``annotations=`` names one
 Prompt: GeoVista's user text "Please analyze where is the place." (eval/inference_agent_tool_mode.py) and a
 request for coordinates, since both benchmarks are scored on them.
 
-Scoring: the answer's coordinates (:func:`eval.metrics.parse_latlon`) against the true point: haversine km
+Scoring: the answer's coordinates (:func:`mmagent.eval.metrics.parse_latlon`) against the true point: haversine km
 (accuracy within 1 / 3 / 25 / 200 / 750 / 2500 km: IM2GPS3K's thresholds and GeoBench's < 3 km) and
-:func:`eval.metrics.geo_match` against the GeoNames city (>= 15,000 people) nearest the true point, which
+:func:`mmagent.eval.metrics.geo_match` against the GeoNames city (>= 15,000 people) nearest the true point, which
 gives the country / region / city accuracy for both benchmarks alike. GeoVista's own scorer instead matches
 the true city / state / country names in the answer text (and geocodes the answer with a paid API for
 distances); the names are kept in the metadata. ``score`` is 1.0 within 25 km (IM2GPS3K's city scale).
@@ -31,9 +31,9 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from eval.benchmarks.base import (ANNOTATIONS_HINT, DatasetError, check_media, check_unique, field, find_file, groups, number,
+from mmagent.eval.benchmarks.base import (ANNOTATIONS_HINT, DatasetError, check_media, check_unique, field, find_file, groups, number,
                                   read_rows, share)
-from eval.metrics import Place, geo_accuracy_at, geo_match, median_km, parse_latlon, reverse_geocode
+from mmagent.eval.metrics import Place, geo_accuracy_at, geo_match, median_km, parse_latlon, reverse_geocode
 from mmagent.trajectory import Task
 
 NAME = "geo"

@@ -9,7 +9,7 @@ A dataset folder holds::
 ``build(dir, per_family=50, seed=0)`` writes it (items are generated one at a time with a progress bar;
 the same seed gives the same items, and asking for more items keeps the first ones). ``load(dir)`` reads
 it back with the media paths resolved and says exactly what is missing or malformed. ``evaluate`` runs
-an :class:`~mmagent.agent.Agent` over the tasks and scores every answer (:mod:`eval.synth.scoring`).
+an :class:`~mmagent.agent.Agent` over the tasks and scores every answer (:mod:`mmagent.eval.synth.scoring`).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import Any, Sequence
 
 from tqdm.auto import tqdm
 
-from eval.benchmarks.base import DatasetError as BenchmarkDatasetError
-from eval.synth.families import FAMILIES, SynthConfig, make_item
-from eval.synth.oracle import SYNTH_TOOLS, OraclePolicy
-from eval.synth.scoring import format_table, score_answer, summarise
+from mmagent.eval.benchmarks.base import DatasetError as BenchmarkDatasetError
+from mmagent.eval.synth.families import FAMILIES, SynthConfig, make_item
+from mmagent.eval.synth.oracle import SYNTH_TOOLS, OraclePolicy
+from mmagent.eval.synth.scoring import format_table, score_answer, summarise
 from mmagent.agent import Agent, Budgets
 from mmagent.trajectory import Task, Trajectory
 
@@ -132,7 +132,7 @@ def load(data_dir: str | os.PathLike, families: Sequence[str] | None = None, lim
 
 def oracle_agent(tasks: Sequence[Task], use_tools: bool = True, config: SynthConfig | None = None,
                  offer_tools: bool = True) -> Agent:
-    """An agent whose policy is the toy world's oracle (see :mod:`eval.synth.oracle`).
+    """An agent whose policy is the toy world's oracle (see :mod:`mmagent.eval.synth.oracle`).
 
     The no-tool oracle (``use_tools=False``) still sees the tools in its prompt unless ``offer_tools`` is
     False (then its episodes are SFT data for a policy that is run without tools).

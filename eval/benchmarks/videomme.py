@@ -26,7 +26,7 @@ text of its first ``<font color="white" size=".72c">`` tag (a cue without that t
 where lmms-eval would drop it); ``subtitle_frames=None`` keeps every cue. A video without an .srt gets
 "No subtitles available", as in lmms-eval, and ``metadata["has_subtitles"] = False``.
 
-Scoring is the official rule (:func:`eval.metrics.extract_option_letter`, which reproduces
+Scoring is the official rule (:func:`mmagent.eval.metrics.extract_option_letter`, which reproduces
 ``extract_characters_regex`` of lmms-eval and of BradyFU's eval_your_results.py). ``accuracy`` counts an
 unparsed answer as wrong (lmms-eval); ``accuracy_answered`` divides by the parsed ones only, as
 eval_your_results.py does.
@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import Any, Sequence
 from urllib.parse import parse_qs, urlparse
 
-from eval.benchmarks.base import (ANNOTATIONS_HINT, DatasetError, check_media, check_unique, field, find_file, groups, option_letters,
+from mmagent.eval.benchmarks.base import (ANNOTATIONS_HINT, DatasetError, check_media, check_unique, field, find_file, groups, option_letters,
                                   read_rows)
-from eval.metrics import extract_option_letter
+from mmagent.eval.metrics import extract_option_letter
 from mmagent.trajectory import Task
 
 NAME = "videomme"

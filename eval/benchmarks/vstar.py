@@ -11,7 +11,7 @@ them by likelihood) and carry no letters, so they are not read.
 
 Prompt: ``text`` as released (lmms-eval's vstar_doc_to_text rewrites the options as "A. ..." and appends
 the same instruction again; we keep the release's wording, with the instruction added only if missing).
-Scoring: :func:`eval.metrics.extract_option_letter` over the item's own letters with the intended prefix
+Scoring: :func:`mmagent.eval.metrics.extract_option_letter` over the item's own letters with the intended prefix
 list (``official=False``: the missing-comma quirk is Video-MME's); lmms-eval's vstar extractor also reads
 lower-case letters, which this rule does not. Accuracy overall (micro, as vstar_bench_eval.py and
 lmms-eval report) and per category.
@@ -24,9 +24,9 @@ import re
 from pathlib import Path
 from typing import Any, Sequence
 
-from eval.benchmarks.base import (DatasetError, check_media, check_unique, field, find_file, groups, option_letters,
+from mmagent.eval.benchmarks.base import (DatasetError, check_media, check_unique, field, find_file, groups, option_letters,
                                   read_rows, share)
-from eval.metrics import extract_option_letter
+from mmagent.eval.metrics import extract_option_letter
 from mmagent.trajectory import Task
 
 NAME = "vstar"

@@ -2,5 +2,5 @@
 
 ``families`` generates items, ``render``/``font`` draw them, ``perception`` reads them back, ``oracle``
 plays them perfectly (with or without tools) and ``scoring`` scores answers. The benchmark built from
-them is :mod:`eval.benchmarks.synth`; the SFT data, :mod:`training.synth_data`.
+them is :mod:`mmagent.eval.benchmarks.synth`; the SFT data, :mod:`mmagent.training.synth_data`.
 """

@@ -6,7 +6,7 @@
 * ``grounding`` — the whole screen turns one colour for a few seconds: "when?". The first look brackets
   the start and the end to within one frame spacing; re-sampling each bracket sharpens them (IoU).
 * ``image_qa`` — a 1344x1344 scene with small coloured tags, each bearing one character in fine print
-  (see :mod:`eval.synth.render`); the policy sees it at 168x168, where a tag is a plain 3x4-pixel dot.
+  (see :mod:`mmagent.eval.synth.render`); the policy sees it at 168x168, where a tag is a plain 3x4-pixel dot.
   ``zoom`` makes the character readable.
 * ``geolocation`` — a scene with a green road sign naming a real city from the offline gazetteer in the
   same fine print; ``zoom`` reads it, ``web_search`` gives its coordinates.
@@ -29,8 +29,8 @@ from typing import Any, Callable
 import numpy as np
 from PIL import Image
 
-from eval.synth import render
-from eval.synth.render import LABEL_PALETTE, PALETTE, SHAPES
+from mmagent.eval.synth import render
+from mmagent.eval.synth.render import LABEL_PALETTE, PALETTE, SHAPES
 from mmagent.policy.base import MediaBudget, fitted_size
 from mmagent.trajectory import Task
 
@@ -281,7 +281,7 @@ def _search_finds(name: str) -> bool:
 
 @functools.lru_cache(maxsize=1)
 def _bm25() -> Any:
-    from toolbox.search_backends import BM25Backend
+    from mmagent.toolbox.search_backends import BM25Backend
 
     return BM25Backend()
 

@@ -4,7 +4,7 @@
 instead of a model, so an oracle episode runs through the real :class:`~mmagent.agent.Agent`: the real
 tools run on the item's media and their real observations come back. It sizes every view exactly as the
 transformers policy does (same pixel budget, same resizing), and it *reads its answers out of those
-views* with :mod:`eval.synth.perception` — it knows where to look (the generator's layout) but never
+views* with :mod:`mmagent.eval.synth.perception` — it knows where to look (the generator's layout) but never
 reads the answer from the ground truth. Reading text means picking, among the item's candidate texts
 (the options, or the city's name and three same-length decoys), the one the pixels match. So:
 
@@ -25,14 +25,14 @@ from typing import Sequence
 import numpy as np
 from PIL import Image
 
-from eval.synth.families import LETTERS, SynthConfig, option_values
-from eval.synth.perception import (blob_colour, classify_shape, find_shape, frame_colour, read_label_by_synthesis,
+from mmagent.eval.synth.families import LETTERS, SynthConfig, option_values
+from mmagent.eval.synth.perception import (blob_colour, classify_shape, find_shape, frame_colour, read_label_by_synthesis,
                                    read_label_sharp)
 from mmagent.media import EpisodeMedia
 from mmagent.policy.base import Generation, MediaBudget, Policy, Session, fit_image, visual_token_count
 from mmagent.protocol import format_tool_call
 from mmagent.trajectory import Task
-from toolbox.base import Observation
+from mmagent.toolbox.base import Observation
 
 #: the toolbox the toy world's tasks need
 SYNTH_TOOLS = ("resample_frames", "zoom", "web_search")

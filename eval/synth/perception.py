@@ -15,7 +15,7 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from eval.synth.render import (INK_CONTRAST, RGB, checker_ink, nearest_colour, shape_mask, text_bitmap,
+from mmagent.eval.synth.render import (INK_CONTRAST, RGB, checker_ink, nearest_colour, shape_mask, text_bitmap,
                                text_offset)
 
 Box = tuple[float, float, float, float]

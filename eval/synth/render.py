@@ -3,13 +3,13 @@
 Everything here is deterministic given its random generator. Two rules keep the tool-needing tasks
 honest, and the tests check both:
 
-* Small text exists only at the finest scale. Glyphs are the 5x7 font (:mod:`eval.synth.font`) with
+* Small text exists only at the finest scale. Glyphs are the 5x7 font (:mod:`mmagent.eval.synth.font`) with
   each font pixel a 2x2 block of a lighter and a darker shade of the label's colour in a checker, so
   every block averages exactly to the label's colour and has no tilt either way. An antialiased shrink
   (the policy's view is an 8x bicubic one) averages each block away: the view shows a plain coloured
   label whatever it says, while a zoomed crop, enlarged, shows the checkered glyphs clearly.
 * Video events are placed between the frames the policy samples for its first look, so that look
-  cannot contain them (the family generators enforce it; see :mod:`eval.synth.families`).
+  cannot contain them (the family generators enforce it; see :mod:`mmagent.eval.synth.families`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Callable, Iterable
 import cv2
 import numpy as np
 
-from eval.synth.font import render_text
+from mmagent.eval.synth.font import render_text
 
 RGB = tuple[int, int, int]
 
@@ -110,7 +110,7 @@ def text_bitmap(text: str) -> np.ndarray:
 
 def label_size(max_chars: int, margin: int = 8) -> tuple[int, int]:
     """(width, height) of a label that holds ``max_chars`` characters with ``margin`` pixels around."""
-    from eval.synth.font import ADVANCE, GLYPH_H
+    from mmagent.eval.synth.font import ADVANCE, GLYPH_H
 
     return (max_chars * ADVANCE - 1) * FONT_SCALE + 2 * margin, GLYPH_H * FONT_SCALE + 2 * margin
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Sequence
 
-from eval.metrics import (Place, extract_option_letter, geo_accuracy_at, geo_match, mean_iou, median_km,
+from mmagent.eval.metrics import (Place, extract_option_letter, geo_accuracy_at, geo_match, mean_iou, median_km,
                           parse_interval, parse_latlon, recall_at_iou, temporal_iou)
 from mmagent.trajectory import Task
 

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 from PIL import Image
 
 from mmagent.media import EpisodeMedia
-from toolbox.base import Observation
+from mmagent.toolbox.base import Observation
 
 
 @dataclass

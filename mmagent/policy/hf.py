@@ -42,7 +42,7 @@ from mmagent.media import EpisodeMedia
 from mmagent.policy.base import (Generation, MediaBudget, Policy, SamplingConfig, Session, TurnStream, fit_image,
                                  fitted_size, visual_token_count)
 from mmagent.protocol import RESPONSE_CLOSE, RESPONSE_OPEN, STOP_STRINGS
-from toolbox.base import Observation
+from mmagent.toolbox.base import Observation
 
 # ChatML as the Qwen family writes it; observation segments are built with these directly because
 # Qwen2.5-VL's stock chat template drops images in tool-role turns.

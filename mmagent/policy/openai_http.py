@@ -45,7 +45,7 @@ from mmagent.policy.base import (PATCH_FACTOR, Generation, MediaBudget, Policy, 
                                  fit_image, fitted_size, visual_token_count)
 from mmagent.policy.messages import (image_names, image_part, observation_parts, text_part, video_part)
 from mmagent.protocol import ANSWER_CLOSE, ANSWER_OPEN, CALL_CLOSE, CALL_OPEN, STOP_STRINGS
-from toolbox.base import Observation
+from mmagent.toolbox.base import Observation
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 RETRY_STATUS = {408, 409, 429}

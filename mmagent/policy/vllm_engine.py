@@ -18,7 +18,7 @@ them nor guesses the frame rate (the M-RoPE time positions need it).
 text note instead. By default token ids stay empty in the session (the engine tokenizes the text); each
 turn's generated ids and the engine's prompt count are recorded, which is what the agent's budgets need.
 
-``token_in_out=True`` (RL rollouts, :mod:`training.rl`) records the episode as the trainer needs it:
+``token_in_out=True`` (RL rollouts, :mod:`mmagent.training.rl`) records the episode as the trainer needs it:
 the prompt is sent as token ids — our tokenization of the text with one placeholder per image, which
 vLLM expands itself (ids already expanded would be expanded again, silently wrong) — and each turn's
 generated ids are appended to them verbatim, never re-tokenized. ``RequestOutput.prompt_token_ids``
@@ -42,7 +42,7 @@ from mmagent.policy.base import (PATCH_FACTOR, Generation, MediaBudget, Policy, 
                                  visual_token_count)
 from mmagent.policy.messages import IM_END, IM_START, IMAGE_PAD, VISION_END, VISION_START, image_names, render_chatml
 from mmagent.protocol import RESPONSE_CLOSE, RESPONSE_OPEN, STOP_STRINGS
-from toolbox.base import Observation
+from mmagent.toolbox.base import Observation
 
 INSTALL_HINT = ("the vLLM backend needs the vllm package, which is not installed: on a machine with a CUDA GPU, "
                 "run `pip install mmagent[vllm]` (or use --backend hf, or --backend openai against `vllm serve`)")

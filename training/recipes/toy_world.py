@@ -1,14 +1,14 @@
 """The toy-world recipe: from nothing to a tool-using policy on CPU, with every comparison the method needs.
 
-Run it with ``python -m training.recipes.toy_world runs/toy`` (about half an hour on 2 CPU cores; add
+Run it with ``python -m mmagent.training.recipes.toy_world runs/toy`` (about half an hour on 2 CPU cores; add
 ``--install`` to make the SFT+DGRPO result mmagent's built-in default model). Stages,
 each skipped when its result is already in the output folder (so a killed run continues where it stopped):
 
-1. data — a training world (seed 0) and a held-out test world (seed 1) from :mod:`eval.benchmarks.synth`;
+1. data — a training world (seed 0) and a held-out test world (seed 1) from :mod:`mmagent.eval.benchmarks.synth`;
    the tool oracle's episodes on the training world are the SFT data, the no-tool oracle's the baseline's;
 2. base — a tiny random Qwen2.5-VL (:func:`mmagent.tiny.build_tiny_qwen2_5_vl`, own tokenizer), given a
    few minutes of language warm-up on the training episodes' texts and copy drills
-   (:mod:`training.recipes.text_warmup`), as a real base model is pretrained;
+   (:mod:`mmagent.training.recipes.text_warmup`), as a real base model is pretrained;
 3. sft — the cold start on the tool oracle's episodes; sft_notools — the same on the no-tool episodes;
 4. grpo and dgrpo — RL from the SFT model on the training world's tasks, GRPO vs DGRPO advantages,
    everything else equal (same seed, same prompts per step);
@@ -29,12 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from eval.benchmarks import synth
+from mmagent.eval.benchmarks import synth
 from mmagent.trajectory import load_jsonl, save_jsonl
-from training.recipes.text_warmup import episode_text, warm_up
-from training.rl import RLConfig, train_rl
-from training.sft import SFTConfig, train_sft
-from training.synth_data import write_sft_data
+from mmagent.training.recipes.text_warmup import episode_text, warm_up
+from mmagent.training.rl import RLConfig, train_rl
+from mmagent.training.sft import SFTConfig, train_sft
+from mmagent.training.synth_data import write_sft_data
 
 
 @dataclass
@@ -43,7 +43,7 @@ class RecipeSizes:
     test_per_family: int = 50
     hidden_size: int = 128
     num_layers: int = 4
-    #: language warm-up of the random base (:mod:`training.recipes.text_warmup`)
+    #: language warm-up of the random base (:mod:`mmagent.training.recipes.text_warmup`)
     warmup_steps: int = 800
     warmup_drill_share: float = 0.5
     sft_epochs: int = 5
@@ -157,7 +157,7 @@ def run_recipe(out: str | Path, sizes: RecipeSizes | None = None, device: str = 
     return results
 
 
-RECIPE_COMMAND = "python -m training.recipes.toy_world runs/toy --install"
+RECIPE_COMMAND = "python -m mmagent.training.recipes.toy_world runs/toy --install"
 
 
 def reference_answers(model_dir: str | Path, test_dir: str | Path, per_family: int = REFERENCE_PER_FAMILY

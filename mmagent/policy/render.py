@@ -1,0 +1,312 @@
+"""What the model sees: the one place where an episode's prompt and observations become model input.
+
+The agent renders every step of an episode here and hands the result, a :class:`View`, to its policy:
+
+* the first prompt (:meth:`Renderer.prompt`): the system prompt with the tool schemas, then a user turn with
+  the video's first-look frames, the image, and the question, in that order;
+* each observation (:meth:`Renderer.observation`): a user turn ``<tool_response>``, the tool's text, one
+  ``"{handle} ({label}): <image>"`` line per returned image, ``</tool_response>``.
+
+A view holds the messages with every image and frame already *fitted* (qwen-vl-utils' ``smart_resize``
+within the :class:`MediaBudget`, bicubic), the size each handle was shown at (tools read boxes in those
+pixels) and what the view costs in visual tokens. Backends only map it: the transformers and vLLM backends
+take :meth:`View.text` (Qwen's ChatML, each image or video a vision placeholder) with :attr:`View.images`
+and :attr:`View.videos`; the OpenAI-compatible client sends the messages as content parts
+(:mod:`mmagent.policy.messages`); ``mmagent serve`` turns such a request back into a view with
+:meth:`Renderer.fit`. So every backend shows the model the same conversation.
+
+The model family is Qwen2.5-VL (and models that share its chat format): 28-pixel visual tokens (14-pixel
+patches, 2x2 merge), videos in slabs of two frames, ChatML with ``<|vision_start|>`` placeholders. Its
+stock chat template drops images in ``tool``-role turns, so observations are user turns.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+from PIL import Image
+
+from mmagent.media import EpisodeMedia, VideoReader
+from mmagent.protocol import RESPONSE_CLOSE, RESPONSE_OPEN
+from mmagent.toolbox.base import Frame, Observation
+
+# Qwen's ChatML and vision placeholders.
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+VISION_START, VISION_END = "<|vision_start|>", "<|vision_end|>"
+IMAGE_PAD, VIDEO_PAD = "<|image_pad|>", "<|video_pad|>"
+#: the system turn Qwen's chat template writes when a conversation has none
+DEFAULT_SYSTEM = "You are a helpful assistant."
+#: pixels per visual token side (14-pixel patches, 2x2 merge)
+PATCH_FACTOR = 28
+#: video frames per temporal patch: a video's visual tokens are ceil(frames / 2) * (h / 28) * (w / 28)
+TEMPORAL_PATCH = 2
+
+
+@dataclass
+class MediaBudget:
+    """How media become visual tokens (pixels per frame/image, frame count)."""
+
+    #: frames sampled uniformly from the video for the first prompt
+    video_frames: int = 16
+    #: pixel bounds per video frame (Qwen2.5-VL: one token per 28x28 pixels, two frames per token slab)
+    video_min_pixels: int = 28 * 28 * 4
+    video_max_pixels: int = 224 * 224
+    #: pixel bounds of the user's image
+    image_min_pixels: int = 28 * 28 * 4
+    image_max_pixels: int = 1024 * 28 * 28
+    #: pixel bounds of each image a tool returns (frames, crops)
+    observation_min_pixels: int = 28 * 28 * 4
+    observation_max_pixels: int = 256 * 28 * 28
+
+    def __post_init__(self) -> None:
+        if self.video_frames < 1:
+            raise ValueError("video_frames must be at least 1")
+        for kind in ("video", "image", "observation"):
+            lo, hi = getattr(self, f"{kind}_min_pixels"), getattr(self, f"{kind}_max_pixels")
+            if not 0 < lo <= hi:
+                raise ValueError(f"{kind}_min_pixels ({lo}) must be positive and at most {kind}_max_pixels ({hi})")
+
+    def bounds(self, kind: str) -> tuple[int, int]:
+        """(min, max) pixels of ``kind``: ``video`` (each frame), ``image`` (the user's) or ``observation``."""
+        return getattr(self, f"{kind}_min_pixels"), getattr(self, f"{kind}_max_pixels")
+
+
+def fitted_size(width: int, height: int, min_pixels: int, max_pixels: int,
+                factor: int = PATCH_FACTOR) -> tuple[int, int]:
+    """(width, height) the model sees an image at: qwen-vl-utils' smart_resize within the pixel bounds."""
+    from qwen_vl_utils import smart_resize
+
+    h, w = smart_resize(height, width, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
+    return w, h
+
+
+def fit_image(image: Image.Image, min_pixels: int, max_pixels: int, factor: int = PATCH_FACTOR) -> Image.Image:
+    """``image`` resized as the policy is shown it (qwen-vl-utils ``fetch_image``: RGB, smart_resize, bicubic)."""
+    from qwen_vl_utils import fetch_image
+
+    return fetch_image({"image": image, "min_pixels": min_pixels, "max_pixels": max_pixels},
+                       image_patch_size=factor // 2)
+
+
+@dataclass
+class VideoClip:
+    """A video as the model is shown it: frames fitted to one size, the time of each, the sampling rate."""
+
+    frames: list[Image.Image]
+    #: seconds from the video's start of each frame
+    times: list[float]
+    #: frames per second of this sampling (frames / duration): the time axis of Qwen2.5-VL's M-RoPE needs it
+    fps: float
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.frames[0].size
+
+    def padded(self) -> list[Image.Image]:
+        """The frames repeated at the end to whole temporal patches, as qwen-vl-utils pads them."""
+        return self.frames + [self.frames[-1]] * (-len(self.frames) % TEMPORAL_PATCH)
+
+    def array(self) -> np.ndarray:
+        """The padded frames as a (T, H, W, 3) uint8 array (what the video processors take)."""
+        return np.stack([np.asarray(f) for f in self.padded()])
+
+
+@dataclass
+class Part:
+    """A piece of a message: text, or one image, or one video, as the model is shown it."""
+
+    text: str = ""
+    image: Image.Image | None = None
+    video: VideoClip | None = None
+    #: what tools call this image or video (``image``, ``obs:3``, ``video``); None for a request's media
+    handle: str | None = None
+    #: (width, height) of the image or frames before they were fitted
+    source_size: tuple[int, int] | None = None
+
+    @property
+    def kind(self) -> str:
+        return "video" if self.video is not None else "image" if self.image is not None else "text"
+
+
+@dataclass
+class Message:
+    role: str  # system | user | assistant | tool (rendered as a user turn)
+    parts: list[Part] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        """The message's text parts, joined (its images and videos left out)."""
+        return "".join(p.text for p in self.parts if p.kind == "text")
+
+
+@dataclass
+class View:
+    """One step of an episode as the model sees it.
+
+    ``continues=False``: the first prompt (the messages before the first assistant turn); ``True``: the turns
+    that follow an assistant turn (a tool's observation), up to the next assistant turn.
+    """
+
+    messages: list[Message]
+    continues: bool
+    #: visual tokens of every image and video in the view
+    visual_tokens: int = 0
+    #: the tool observation shown (None for a first prompt or a request)
+    observation: Observation | None = None
+
+    @property
+    def parts(self) -> list[Part]:
+        return [p for m in self.messages for p in m.parts]
+
+    @property
+    def images(self) -> list[Image.Image]:
+        """The fitted images, in the order their placeholders appear."""
+        return [p.image for p in self.parts if p.image is not None]
+
+    @property
+    def videos(self) -> list[VideoClip]:
+        return [p.video for p in self.parts if p.video is not None]
+
+    @property
+    def view_sizes(self) -> dict[str, tuple[int, int]]:
+        """Handle -> the (width, height) it is shown at: what boxes the model writes about it refer to."""
+        return {p.handle: (p.video.size if p.video is not None else p.image.size)
+                for p in self.parts if p.handle is not None and p.kind != "text"}
+
+    @property
+    def frame_times(self) -> list[float]:
+        """Seconds of the video frames shown (the first prompt's first look)."""
+        return [t for v in self.videos for t in v.times]
+
+    def text(self, close_turn: bool = True) -> str:
+        """The view as Qwen's ChatML, each image or video one vision placeholder (the processor expands it).
+
+        A first prompt is what the chat template writes for its messages plus the generation prompt. A
+        continuation starts by closing the assistant turn before it (``close_turn``: unless the model already
+        ended it with its end-of-turn token) and ends with the next assistant turn's header.
+        """
+        body = "".join(f"{IM_START}{'user' if m.role == 'tool' else m.role}\n{_placeholders(m.parts)}{IM_END}\n"
+                       for m in self.messages)
+        if self.continues:
+            return (IM_END if close_turn else "") + "\n" + body + f"{IM_START}assistant\n"
+        if not self.messages or self.messages[0].role != "system":
+            body = f"{IM_START}system\n{DEFAULT_SYSTEM}{IM_END}\n" + body
+        return body + f"{IM_START}assistant\n"
+
+
+def _placeholders(parts: Sequence[Part]) -> str:
+    out = []
+    for p in parts:
+        if p.kind == "text":
+            out.append(p.text)
+        else:
+            out.append(VISION_START + (VIDEO_PAD if p.kind == "video" else IMAGE_PAD) + VISION_END)
+    return "".join(out)
+
+
+def image_names(handles: Sequence[str], labels: Sequence[str], n: int) -> list[str]:
+    """What each observation image is called in the text: ``"obs:3 (frame 12.50s)"``, or ``"image 1"``."""
+    handles = list(handles) or [f"image {k + 1}" for k in range(n)]
+    labels = list(labels) or [""] * n
+    return [f"{h} ({lab})" if lab else h for h, lab in zip(handles, labels)]
+
+
+class Renderer:
+    """Renders views within a pixel budget, for models with ``factor``-pixel visual tokens."""
+
+    def __init__(self, budget: MediaBudget | None = None, factor: int = PATCH_FACTOR) -> None:
+        self.budget = budget or MediaBudget()
+        self.factor = factor
+
+    # ----- sizes and costs ------------------------------------------------------------------------
+    def fit(self, image: Image.Image, kind: str) -> Image.Image:
+        """``image`` as shown for ``kind`` (``image``: the user's, ``observation``: a tool's, ``video``: a frame)."""
+        return fit_image(image, *self.budget.bounds(kind), self.factor)
+
+    def image_tokens(self, size: tuple[int, int]) -> int:
+        """Visual tokens of an image shown at ``size``."""
+        return (size[1] // self.factor) * (size[0] // self.factor)
+
+    def video_tokens(self, clip: VideoClip) -> int:
+        return math.ceil(len(clip.frames) / TEMPORAL_PATCH) * self.image_tokens(clip.size)
+
+    def visual_tokens(self, images: Sequence[Image.Image], kind: str = "observation") -> int:
+        """What ``images`` would cost shown as ``kind`` (the agent's visual budget asks before showing them)."""
+        lo, hi = self.budget.bounds(kind)
+        return sum(self.image_tokens(fitted_size(im.width, im.height, lo, hi, self.factor)) for im in images)
+
+    def clip(self, frames: Sequence[Image.Image], times: Sequence[float], fps: float) -> VideoClip:
+        """Frames fitted to one size within the per-frame budget (the first frame's), as the video processor
+        takes them. qwen-vl-utils' ``fetch_video`` is not used for frame lists: it pre-resizes each frame with
+        twice the patch factor, which rounds small frames to zero pixels (qwen-vl-utils 0.0.14)."""
+        w, h = fitted_size(*frames[0].size, *self.budget.bounds("video"), self.factor)
+        fitted = [f.convert("RGB").resize((w, h), Image.BICUBIC) for f in frames]
+        return VideoClip(fitted, [float(t) for t in times], float(fps))
+
+    def sample_video(self, video: VideoReader) -> list[Frame]:
+        """The first look at a video: ``video_frames`` frames at the centres of equal slices."""
+        return video.sample_uniform(self.budget.video_frames)
+
+    def _view(self, messages: list[Message], continues: bool, observation: Observation | None = None) -> View:
+        tokens = sum(self.video_tokens(p.video) if p.video is not None else self.image_tokens(p.image.size)
+                     for m in messages for p in m.parts if p.kind != "text")
+        return View(messages, continues, tokens, observation)
+
+    # ----- the steps of an episode ----------------------------------------------------------------
+    def prompt(self, system_prompt: str, question: str, media: EpisodeMedia) -> View:
+        """The first prompt: the system prompt, then the video's first look, the image and the question."""
+        content: list[Part] = []
+        video = media.video
+        if video is not None:
+            frames = self.sample_video(video)
+            clip = self.clip([f.image for f in frames], [f.timestamp for f in frames], len(frames) / video.duration)
+            content.append(Part(video=clip, handle="video", source_size=frames[0].image.size))
+        if media.image is not None:
+            content.append(Part(image=self.fit(media.image, "image"), handle="image", source_size=media.image.size))
+        content.append(Part(text=question))
+        return self._view([Message("system", [Part(text=system_prompt)]), Message("user", content)], False)
+
+    def observation(self, observation: Observation) -> View:
+        """A tool's observation as a user turn: ``<tool_response>``, its text, each image named, the close tag."""
+        images = observation.images
+        names = image_names(observation.handles, observation.image_labels, len(images))
+        handles = observation.handles or [None] * len(images)
+        parts: list[Part] = []
+        text = RESPONSE_OPEN + "\n" + observation.text
+        for image, name, handle in zip(images, names, handles):
+            parts.append(Part(text=text + "\n" + name + ": "))
+            parts.append(Part(image=self.fit(image, "observation"), handle=handle, source_size=image.size))
+            text = ""
+        parts.append(Part(text=text + "\n" + RESPONSE_CLOSE))
+        return self._view([Message("user", parts)], True, observation)
+
+    def request(self, messages: Sequence[Message], continues: bool, keep_client_sized: bool = True) -> View:
+        """A view of messages that arrive from a client (``mmagent serve``), their images and video frames
+        decoded but maybe not fitted. Images in a first prompt get the image budget, later ones the
+        observation budget. With ``keep_client_sized``, an image already sized by a client's renderer (sides
+        multiples of the patch factor, at most four times this budget's pixels) is used as it came, so the
+        client's pixel budget decides, as the in-process backend's would."""
+        fitted = []
+        for m in messages:
+            parts = []
+            for p in m.parts:
+                if p.video is not None:
+                    clip = p.video
+                    if not (keep_client_sized and self._client_sized(clip.size, "video")):
+                        clip = self.clip(clip.frames, clip.times, clip.fps)
+                    parts.append(Part(video=clip, source_size=p.video.size))
+                elif p.image is not None:
+                    kind = "observation" if continues else "image"
+                    kept = keep_client_sized and self._client_sized(p.image.size, kind)
+                    parts.append(Part(image=p.image if kept else self.fit(p.image, kind), source_size=p.image.size))
+                else:
+                    parts.append(p)
+            fitted.append(Message(m.role, parts))
+        return self._view(fitted, continues)
+
+    def _client_sized(self, size: tuple[int, int], kind: str) -> bool:
+        w, h = size
+        return w % self.factor == 0 and h % self.factor == 0 and w * h <= 4 * self.budget.bounds(kind)[1]
