@@ -6,8 +6,8 @@ processor are built locally (mmagent.tiny). Random weights cannot follow the too
 turn is scripted (``ReplayChooser``): the text is forced, but every prefill, decode step, vision encoding,
 tool call and cache operation is the real engine's. Each episode watches a synthetic 16 s video with
 ``--frames`` frames at up to ``--pixels`` x ``--pixels`` pixels, re-samples frames ``--turns - 1`` times and
-answers. Then one real RL update (the trainer's ``_update``: re-encode, forward, clipped policy loss,
-backward, AdamW step, gradient checkpointing on) runs on those rollouts, and the script prints its peak
+answers. Then one real RL update (the trainer's ``update_policy`` on the rollouts' own encoded inputs:
+forward, clipped policy loss, backward, AdamW step, gradient checkpointing on) runs on those rollouts, and the script prints its peak
 GPU memory.
 
     python benchmarks/gpu_rollout.py                    # H200: about 3-5 minutes
@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import torch
 
 from mmagent.agent import Agent, Budgets
-from mmagent.policy.base import MediaBudget
+from mmagent.policy.render import MediaBudget
 from mmagent.policy.hf import HFPolicy
 from mmagent.policy.replay import ReplayChooser
 from mmagent.protocol import format_tool_call
@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from accelerate import Accelerator
 
-    from mmagent.training.rl import RLConfig, _update
+    from mmagent.training.rl import RLConfig, update_policy
 
     cuda = args.device.startswith("cuda")
     duration = 16.0
@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       options=["A. red", "B. blue"], answer="A") for k in range(args.episodes)]
         budgets = Budgets(max_turns=args.turns, max_new_tokens=128, max_context_tokens=65536,
                           max_visual_tokens=60000)
-        agent = Agent(policy, tools=["resample_frames", "zoom"], budgets=budgets)
+        agent = Agent(policy, tools=["resample_frames", "zoom"], budgets=budgets, keep_model_inputs=True)
         agent.run_batch(tasks[:1], progress=False)  # warm-up (kernels, allocator)
         if cuda:
             torch.cuda.synchronize()
@@ -149,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
-        stats = _update(cfg, policy, model, optimizer, kept, trajs[0], accelerator, None)
+        stats = update_policy(cfg, policy, model, optimizer, kept, trajs[0], accelerator)
         if cuda:
             torch.cuda.synchronize()
         figures.update(train_step_s=time.perf_counter() - t0, train_peak_gib=_peak_gib(args.device),

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from mmagent.agent import Agent, Budgets
-from mmagent.policy.base import MediaBudget
+from mmagent.policy.render import MediaBudget
 from mmagent.policy.hf import HFPolicy
 from mmagent.policy.replay import ReplayChooser
 from mmagent.protocol import format_tool_call

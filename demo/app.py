@@ -27,7 +27,7 @@ from typing import Any, Iterator, Sequence
 
 from mmagent.agent import Agent, Budgets
 from mmagent.media import MediaError, load_image, open_video
-from mmagent.policy.base import MediaBudget, Policy
+from mmagent.policy.base import Policy
 from mmagent.toolbox.registry import resolve_tools
 from mmagent.demo.episode_view import EpisodeView, GalleryItem, export_trajectory, prompt_items, question_message
 from mmagent.demo.examples import Example
@@ -89,13 +89,13 @@ class DemoRunner:
         return question, opts, chosen
 
     def _prompt_frames(self, video: str | None, image: str | None) -> list[GalleryItem]:
-        """What the first prompt shows: the image and the frames the policy samples (same rule, same times)."""
+        """What the first prompt shows: the image and the frames the renderer samples for the policy (the same
+        times; shown here at full size)."""
         frames: list[tuple[Any, float]] = []
         if video:
-            n = getattr(self.policy, "media_budget", MediaBudget()).video_frames
             reader = open_video(video)
             try:
-                frames = [(f.image, f.timestamp) for f in reader.sample_uniform(n)]
+                frames = [(f.image, f.timestamp) for f in self.policy.renderer.sample_video(reader)]
             finally:
                 reader.close()
         return prompt_items(frames, load_image(image) if image else None)

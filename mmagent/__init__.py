@@ -13,7 +13,7 @@ __all__ = ["Agent", "Budgets", "RunResult", "MediaBudget", "Task", "Trajectory",
 
 _LAZY = {
     "Agent": "mmagent.agent", "Budgets": "mmagent.agent", "RunResult": "mmagent.agent",
-    "MediaBudget": "mmagent.policy.base", "Task": "mmagent.trajectory", "Trajectory": "mmagent.trajectory",
+    "MediaBudget": "mmagent.policy.render", "Task": "mmagent.trajectory", "Trajectory": "mmagent.trajectory",
     "load_jsonl": "mmagent.trajectory", "save_jsonl": "mmagent.trajectory",
 }
 

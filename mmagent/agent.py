@@ -24,7 +24,8 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from mmagent.media import EpisodeMedia, MediaError, too_thin
-from mmagent.policy.base import Generation, MediaBudget, Policy, Session, TurnStream
+from mmagent.policy.base import Generation, Policy, Session, TurnStream
+from mmagent.policy.render import MediaBudget, View
 from mmagent.protocol import Answer, ProtocolError, ToolCall, describe_media, parse_turn, render_system_prompt
 from mmagent.trajectory import Task, ToolCallRecord, Trajectory, Turn
 from mmagent.toolbox.base import Observation, Tool, ToolError
@@ -85,6 +86,8 @@ class _Episode:
     started: float = field(default_factory=time.perf_counter)
     #: when a worker began opening its media (None: not yet)
     opening: float | None = None
+    #: images shown so far (the user's and the tools'), against the policy's ``max_images``
+    images: int = 0
 
 
 @dataclass
@@ -146,7 +149,8 @@ class Agent:
     """A policy plus a toolbox plus budgets."""
 
     def __init__(self, policy: Policy, tools: Sequence[str | Tool] | None = None, budgets: Budgets | None = None,
-                 system_prompt: str | None = None, max_workers: int = 8, max_open: int | None = None) -> None:
+                 system_prompt: str | None = None, max_workers: int = 8, max_open: int | None = None,
+                 keep_model_inputs: bool = False) -> None:
         self.policy = policy
         self.tools = {t.name: t for t in resolve_tools(list(tools) if tools is not None else None,
                                                        default=lambda: list(DEFAULT_TOOLS))}
@@ -157,16 +161,21 @@ class Agent:
             raise ValueError("max_open must be at least 1")
         #: episodes open at once in run_batch (None: all); when one ends the next waiting one starts
         self.max_open = max_open
+        #: keep each finished episode's model inputs in ``Trajectory.model_inputs`` (RL trains on them instead
+        #: of encoding the episode again; they hold its pixel tensors, so evaluation leaves this off)
+        self.keep_model_inputs = keep_model_inputs
 
     @classmethod
     def from_pretrained(cls, model: str, tools: Sequence[str | Tool] | None = None, budgets: Budgets | None = None,
                         media_budget: MediaBudget | None = None, temperature: float = 0.0,
-                        device: str | None = None, dtype: str = "auto", **kwargs: Any) -> "Agent":
-        """Load a transformers checkpoint (hub id or local folder) as the policy."""
-        from mmagent.policy.hf import HFPolicy, SamplingConfig
+                        device: str | None = None, dtype: Any = None, **kwargs: Any) -> "Agent":
+        """Load a transformers checkpoint (hub id or local folder) as the policy (device, dtype and pixel budget
+        by :mod:`mmagent.policy.loading`'s rule unless given)."""
+        from mmagent.policy.loading import load_policy
+        from mmagent.policy.sampling import SamplingConfig
 
-        policy = HFPolicy.from_pretrained(model, device=device, dtype=dtype, media_budget=media_budget,
-                                          sampling=SamplingConfig(temperature=temperature))
+        policy = load_policy(model, "hf", device=device, dtype=dtype, media_budget=media_budget,
+                             sampling=SamplingConfig(temperature=temperature))
         return cls(policy, tools=tools, budgets=budgets, **kwargs)
 
     # ----- public API -----------------------------------------------------------------------------
@@ -285,13 +294,23 @@ class Agent:
         if task.options:
             user += "\nOptions:\n" + "\n".join(task.options)
         t0 = time.perf_counter()
-        ep.session = self.policy.start(self.system_prompt, user, ep.media, seed=seed)
-        ep.session.info["task_id"] = task.id
-        if ep.media.image is not None:
-            w, h = ep.media.view_size("image")
-            ep.trajectory.info["image_view_size"] = [w, h]
-        ep.trajectory.user_prompt = user
-        ep.trajectory.timings["prompt_s"] = time.perf_counter() - t0
+        view = self.policy.renderer.prompt(self.system_prompt, user, ep.media)
+        ep.session = self.policy.start(view, seed=seed, task=task)
+        self._shown(ep, view)
+        traj = ep.trajectory
+        traj.initial_frame_times = view.frame_times
+        if "image" in view.view_sizes:
+            traj.info["image_view_size"] = list(view.view_sizes["image"])
+        traj.user_prompt = user
+        traj.timings["prompt_s"] = time.perf_counter() - t0
+
+    @staticmethod
+    def _shown(ep: _Episode, view: View) -> None:
+        """Record what ``view`` showed: the sizes tools read boxes in, and what it cost."""
+        for handle, size in view.view_sizes.items():
+            ep.media.set_view_size(handle, size)
+        ep.trajectory.visual_tokens += view.visual_tokens
+        ep.images += len(view.images)
 
     def _collect(self, run: "_Run", block: bool, wait_all: bool) -> None:
         """Take in finished starts and tool calls (and tool calls past their timeout)."""
@@ -400,16 +419,23 @@ class Agent:
 
     def _show(self, ep: _Episode, obs: Observation, on_turn: Callable[[Turn], None] | None,
               tool_name: str | None, seconds: float = 0.0) -> None:
-        """Append an observation to the episode, within the visual and context budgets."""
+        """Append an observation to the episode, within the visual, image and context budgets."""
         b = self.budgets
-        session = ep.session
+        renderer = self.policy.renderer
         if obs.images:
-            cost = self.policy.visual_tokens(obs.images)
-            if session.visual_tokens + cost > b.max_visual_tokens:
+            cost = renderer.visual_tokens(obs.images)
+            room = None if self.policy.max_images is None else max(0, self.policy.max_images - ep.images)
+            if ep.trajectory.visual_tokens + cost > b.max_visual_tokens:
                 obs = Observation(text=obs.text + f"\n(The {len(obs.images)} image(s) were not shown: the episode's "
                                   f"visual budget of {b.max_visual_tokens} tokens is used up. Answer now.)",
                                   is_error=obs.is_error, data={**obs.data, "images_dropped": len(obs.images)})
-            else:
+            elif room is not None and len(obs.images) > room:
+                dropped = len(obs.images) - room
+                obs = Observation(text=obs.text + f"\n({dropped} image(s) not shown: an episode holds at most "
+                                  f"{self.policy.max_images} images here.)", images=obs.images[:room],
+                                  image_labels=obs.image_labels[:room], is_error=obs.is_error,
+                                  data={**obs.data, "images_dropped": dropped})
+            if obs.images:
                 obs.handles = ep.media.add_observation_images(obs.images)
         if ep.turns == b.max_turns - 1:
             obs.text += "\n(This is your last turn: give your answer.)"
@@ -417,7 +443,10 @@ class Agent:
         turn = Turn(role="tool", text=obs.text, observation=obs, error=error, seconds=seconds)
         if tool_name:
             turn.tool_call = ToolCallRecord(tool_name, {})
-        turn.num_tokens = self.policy.observe(session, obs)
+        view = renderer.observation(obs)
+        session = ep.session
+        turn.num_tokens = self.policy.observe(session, view)
+        self._shown(ep, view)
         ep.trajectory.turns.append(turn)
         _notify(on_turn, turn)
         if session.num_tokens + b.max_new_tokens > b.max_context_tokens:
@@ -431,8 +460,9 @@ class Agent:
         s = ep.session
         if s is not None:
             traj.token_ids, traj.loss_mask, traj.logprobs = list(s.token_ids), list(s.loss_mask), list(s.logprobs)
-            traj.prompt_length, traj.visual_tokens = s.prompt_length, s.visual_tokens
-            traj.initial_frame_times = list(s.initial_frame_times)
+            traj.prompt_length = s.prompt_length
+            if self.keep_model_inputs:
+                traj.model_inputs = self.policy.model_inputs(s)
             self.policy.end(s)
         if ep.media is not None:
             ep.media.close()

@@ -44,8 +44,8 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from mmagent.agent import Agent, Budgets, format_turn
     from mmagent.media import MediaError
-    from mmagent.policy.base import MediaBudget
-    from mmagent.policy.hf import saved_media_budget
+    from mmagent.policy.checkpoint import saved_media_budget
+    from mmagent.policy.render import MediaBudget
     from mmagent.trajectory import save_jsonl
 
     for kind in ("video", "image"):
@@ -177,8 +177,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
         results["oracle"] = report["oracle"]
         print(f"Wrote {report['kept']} of {report['total']} oracle episodes to {report['path']}", flush=True)
     else:
-        results["oracle"] = synth.evaluate(synth.oracle_agent(tasks), tasks)[2]
-    results["no-tool oracle"] = synth.evaluate(synth.oracle_agent(tasks, use_tools=False), tasks)[2]
+        results["oracle"] = synth.evaluate(synth.oracle_agent(), tasks)[2]
+    results["no-tool oracle"] = synth.evaluate(synth.oracle_agent(use_tools=False), tasks)[2]
     (Path(args.dir) / "oracle_scores.json").write_text(json.dumps(results, indent=2) + "\n")
     print("\nScores (1.0 = every answer right; grounding: mean IoU):")
     print(synth.format_table(results))
@@ -231,28 +231,24 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
 
 def _eval_policy(args: argparse.Namespace, media_budget):
     """The policy of ``args.backend``; raises ValueError/OSError/ImportError/RuntimeError with a message."""
-    if args.backend == "openai":
-        from mmagent.policy.openai_http import DEFAULT_BASE_URL, OpenAIPolicy, api_key_from_env
+    from mmagent.policy.loading import load_policy
+    from mmagent.policy.sampling import SamplingConfig
 
-        policy = OpenAIPolicy(args.base_url or DEFAULT_BASE_URL, model=args.model,
-                              api_key=api_key_from_env(args.api_key_env), media_budget=media_budget,
-                              temperature=args.temperature)
+    sampling = SamplingConfig(temperature=args.temperature)
+    if args.backend == "openai":
+        from mmagent.policy.openai_http import DEFAULT_BASE_URL, api_key_from_env
+
+        policy = load_policy(args.model, "openai", media_budget=media_budget, sampling=sampling,
+                             base_url=args.base_url or DEFAULT_BASE_URL, api_key=api_key_from_env(args.api_key_env))
         args.model = policy.resolve_model()
         return policy
     if args.base_url or args.api_key_env:
         raise ValueError("--base-url and --api-key-env are for --backend openai")
     if args.backend == "vllm":
-        from mmagent.policy.vllm_engine import VLLMPolicy
-
-        return VLLMPolicy.from_pretrained(args.model, media_budget=media_budget, temperature=args.temperature,
-                                          seed=args.seed)
-    import torch
-
-    from mmagent.policy.hf import HFPolicy, SamplingConfig
-
-    device = args.device or ("cpu" if args.bench == "synth" or not torch.cuda.is_available() else "cuda")
-    return HFPolicy.from_pretrained(args.model, device=device, dtype=torch.float32 if device == "cpu" else "auto",
-                                    media_budget=media_budget, sampling=SamplingConfig(temperature=args.temperature))
+        return load_policy(args.model, "vllm", media_budget=media_budget, sampling=sampling, seed=args.seed)
+    # the toy world's models are tiny: the CPU unless --device says otherwise
+    device = args.device or ("cpu" if args.bench == "synth" else None)
+    return load_policy(args.model, "hf", device=device, media_budget=media_budget, sampling=sampling)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -260,7 +256,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from mmagent.eval.registry import get
     from mmagent.eval.runner import RunError, check_folder, model_label, run_eval
     from mmagent.agent import Agent, Budgets
-    from mmagent.policy.base import MediaBudget
+    from mmagent.policy.render import MediaBudget
 
     spec = get(args.bench)
     for flag, value in (("--families", args.families), ("--subtitles", args.subtitles or None)):
@@ -295,10 +291,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
             from mmagent.eval.benchmarks import synth
 
             media_budget = synth.load_config(args.data_dir).media_budget()
-        elif args.model and Path(args.model).expanduser().is_dir():
-            from mmagent.policy.hf import saved_media_budget
+        elif args.model and args.backend != "openai":
+            from mmagent.policy.loading import budget_for
 
-            media_budget = saved_media_budget(args.model)
+            media_budget = budget_for(args.model, None)
         if args.frames is not None:
             media_budget = dataclasses.replace(media_budget or MediaBudget(), video_frames=args.frames)
         policy = _eval_policy(args, media_budget)
@@ -398,7 +394,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from mmagent.demo.app import DemoRunner, build_app, default_work_dir, launch
     from mmagent.demo.examples import toy_examples
     from mmagent.demo.uploads import UploadLimits
-    from mmagent.policy.hf import HFPolicy, SamplingConfig
+    from mmagent.policy.loading import load_policy
+    from mmagent.policy.sampling import SamplingConfig
 
     try:
         limits = UploadLimits(max_video_mb=args.max_video_mb, max_image_mb=args.max_image_mb,
@@ -410,8 +407,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             label = args.model
         tools = _tool_names(args.tools, model)
         print(f"Loading {model} ...", flush=True)
-        policy = HFPolicy.from_pretrained(model, device=args.device,
-                                          sampling=SamplingConfig(temperature=args.temperature))
+        policy = load_policy(model, "hf", device=args.device, sampling=SamplingConfig(temperature=args.temperature))
         work = default_work_dir()
         runner = DemoRunner(policy, tools, work, limits=limits, max_new_tokens=args.max_new_tokens,
                             model_label=label)
@@ -493,7 +489,7 @@ def _model_or_default(model: str | None) -> str:
 def _tool_names(option: str | None, model: str) -> list[str]:
     """``--tools a,b`` as a list, else the tools ``model`` was trained with, else the agent's defaults."""
     from mmagent.agent import DEFAULT_TOOLS
-    from mmagent.policy.hf import saved_policy_record
+    from mmagent.policy.checkpoint import saved_policy_record
 
     names = option or ",".join(saved_policy_record(model).get("tools", DEFAULT_TOOLS))
     return [t.strip() for t in names.split(",") if t.strip()]

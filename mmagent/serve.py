@@ -6,10 +6,12 @@ follow the OpenAI schema (``choices[0].message.content``, ``finish_reason``, ``u
 ``stop_reason`` (the stop string that ended the turn) and ``usage.prompt_tokens_details.cached_tokens``.
 Streaming and ``n > 1`` are refused with HTTP 400.
 
-How a request becomes tokens (the same tokens ``HFPolicy`` builds in process, see
-:mod:`mmagent.policy.messages`): the messages before the first assistant turn go through the model's
-chat template with their images and video (``HFPolicy.start``); each assistant turn after that is its
-text, and the user turns that follow it are one ChatML segment with their images (``HFPolicy.observe``).
+How a request becomes tokens (the same tokens ``HFPolicy`` builds in process): the messages are read back
+into the renderer's messages (:func:`mmagent.policy.messages.from_openai`) and rendered
+(:meth:`Renderer.request <mmagent.policy.render.Renderer.request>`): the messages before the first assistant
+turn are the first prompt (``HFPolicy.start``); each assistant turn after that is its text, re-tokenized
+(``HFPolicy.append_turn``), and the user turns that follow it are one observation view (``HFPolicy.observe``).
+Only the policy's public API is used.
 
 Sessions are kept: after a turn, the episode's :class:`~mmagent.policy.hf.HFSession` (its token ids and
 KV cache) is stored under a hash of the conversation including the reply. When the next request
@@ -37,15 +39,11 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Sequence
 
-from PIL import Image
-
-from mmagent.policy.messages import (MessageError, content_parts, continuation, decode_image_url, decode_video_url,
-                                     part_url)
+from mmagent.policy.messages import MessageError, content_parts, from_openai, part_url
+from mmagent.policy.sampling import SamplingConfig
 
 MAX_BODY_BYTES = 512 * 1024 * 1024
 DEFAULT_MAX_TOKENS = 512
-#: an image sized by the client is shrunk only past this many times the server's own max_pixels
-OVERSIZE = 4
 
 
 class RequestError(ValueError):
@@ -107,94 +105,23 @@ class ChatEngine:
                 self.policy.end(old)
 
     # ----- encoding -------------------------------------------------------------------------------
-    def _kept(self, width: int, height: int, max_pixels: int) -> bool:
-        """Whether an image is used at the size it came in: sized by the client (multiples of the patch
-        size), so the client's pixel budget decides, as the in-process backend's would (qwen-vl-utils may
-        round a small image up past max_pixels); only one far beyond this server's budget is shrunk."""
-        f = self.policy.patch_factor
-        return width % f == 0 and height % f == 0 and width * height <= OVERSIZE * max_pixels
-
-    def _fit(self, image: Image.Image, min_pixels: int, max_pixels: int) -> Image.Image:
-        if self._kept(image.width, image.height, max_pixels):
-            return image
-        return self.policy._fit_image(image, min_pixels, max_pixels)
-
-    def _video(self, frames: list[Image.Image], fps: float) -> tuple[Any, Any]:
-        import numpy as np
-        from transformers.video_utils import VideoMetadata
-
-        from mmagent.policy.base import fitted_size
-
-        b, f = self.policy.media_budget, self.policy.patch_factor
-        w, h = frames[0].size
-        if any(fr.size != (w, h) for fr in frames):
-            raise RequestError("the frames of a video_url must all have the same size")
-        if not self._kept(w, h, b.video_max_pixels):
-            w, h = fitted_size(w, h, b.video_min_pixels, b.video_max_pixels, f)
-            frames = [fr.resize((w, h), Image.BICUBIC) for fr in frames]
-        temporal = int(getattr(self.policy.processor.video_processor, "temporal_patch_size", 2))
-        frames = frames + [frames[-1]] * (-len(frames) % temporal)
-        video = np.stack([np.asarray(fr) for fr in frames])
-        meta = VideoMetadata(total_num_frames=len(frames), fps=fps, frames_indices=list(range(len(frames))),
-                             width=w, height=h)
-        return video, meta
-
-    def _media(self, messages: Sequence[dict[str, Any]], first: bool, fps: float | None
-               ) -> tuple[list[Image.Image], list[Any], list[Any]]:
-        b = self.policy.media_budget
-        images, videos, metadata = [], [], []
-        for msg in messages:
-            for p in content_parts(msg.get("content")):
-                if p["type"] == "image_url":
-                    lo, hi = ((b.image_min_pixels, b.image_max_pixels) if first
-                              else (b.observation_min_pixels, b.observation_max_pixels))
-                    images.append(self._fit(decode_image_url(part_url(p)), lo, hi))
-                elif p["type"] == "video_url":
-                    frames = decode_video_url(part_url(p))
-                    video, meta = self._video(frames, fps if fps else 2.0)
-                    videos.append(video)
-                    metadata.append(meta)
-        return images, videos, metadata
-
     def _first_segment(self, messages: Sequence[dict[str, Any]], seed: int, fps: float | None) -> Any:
-        """A new session from the messages before the first assistant turn (HFPolicy.start's encoding)."""
-        from mmagent.policy.hf import HFSession
-
-        policy = self.policy
-        session = HFSession(media=None, seed=seed)
-        templated = []
-        for msg in messages:
-            parts = content_parts(msg.get("content"))
-            if msg["role"] == "system" and all(p["type"] == "text" for p in parts):
-                templated.append({"role": "system", "content": "".join(p["text"] for p in parts)})
-                continue
-            content = [{"type": "text", "text": p["text"]} if p["type"] == "text"
-                       else {"type": "image" if p["type"] == "image_url" else "video"} for p in parts]
-            templated.append({"role": msg["role"], "content": content})
-        prompt = policy.processor.apply_chat_template(templated, tokenize=False, add_generation_prompt=True)
-        images, videos, metadata = self._media(messages, True, fps)
-        seg = policy._encode(session, prompt, images=images, videos=videos, video_metadata=metadata)
-        policy._add(session, seg, policy=False)
-        session.prompt_length = len(session.token_ids)
-        return session
+        """A new session from the messages before the first assistant turn (the first prompt)."""
+        view = self.policy.renderer.request(from_openai(messages, fps), continues=False)
+        return self.policy.start(view, seed=seed)
 
     def _append_assistant(self, session: Any, text: str) -> None:
-        """An assistant turn the session has not generated: its text re-tokenized (not yet forwarded)."""
+        """An assistant turn the session has not generated: its text re-tokenized."""
         ids = self.policy.tokenizer.encode(text, add_special_tokens=False)
         if ids:
-            self.policy._add(session, self.policy._text_segment(ids, session.counter), policy=True)
-            session.last_token = int(ids[-1])
+            self.policy.append_turn(session, ids)
 
     def _append_users(self, session: Any, messages: Sequence[dict[str, Any]]) -> None:
-        """The turns after an assistant turn, as one segment (HFPolicy.observe's encoding)."""
-        policy = self.policy
-        close = session.last_token not in policy.eos_ids
-        text = continuation(messages, close_turn=close).replace("<|image_pad|>", policy.image_token)
-        images, videos, metadata = self._media(messages, False, None)
-        if videos:
+        """The turns after an assistant turn, as one observation view."""
+        view = self.policy.renderer.request(from_openai(messages), continues=True)
+        if view.videos:
             raise RequestError("a video_url is accepted only before the first assistant turn")
-        seg = policy._encode(session, text, images=images)
-        policy._add(session, seg, policy=False)
+        self.policy.observe(session, view)
 
     def _prepare(self, messages: list[dict[str, Any]], seed: int, fps: float | None) -> tuple[Any, bool]:
         keys = self._keys(messages, fps)
@@ -225,8 +152,6 @@ class ChatEngine:
 
     # ----- the endpoint ---------------------------------------------------------------------------
     def complete(self, body: Any) -> dict[str, Any]:
-        from mmagent.policy.hf import Sampler, SamplingConfig
-
         req = _check_request(body, self.model_name)
         with self.lock:
             self.stats["requests"] += 1
@@ -237,10 +162,9 @@ class ChatEngine:
             self.stats["session_hits" if hit else "session_misses"] += 1
             policy = self.policy
             try:
-                policy.sampling = SamplingConfig(temperature=req["temperature"], top_p=req["top_p"])
+                session.sampling = SamplingConfig(temperature=req["temperature"], top_p=req["top_p"])
             except ValueError as exc:
                 raise RequestError(str(exc)) from None
-            policy.chooser = Sampler(policy.sampling)
             prompt_tokens = len(session.token_ids)
             gen = policy.generate([session], req["max_tokens"])[0]
             full = gen.text
@@ -396,12 +320,9 @@ def make_server(engine: ChatEngine, host: str = "127.0.0.1", port: int = 8000, v
 
 def load_engine(model: str, device: str | None = None, served_name: str | None = None, max_sessions: int = 64,
                 media_budget: Any = None) -> ChatEngine:
-    """Load ``model`` with the transformers backend (its saved pixel budget, float32 on CPU)."""
-    import torch
+    """Load ``model`` with the transformers backend (:mod:`mmagent.policy.loading`: its saved pixel budget,
+    float32 on CPU)."""
+    from mmagent.policy.loading import load_policy
 
-    from mmagent.policy.hf import HFPolicy
-
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    policy = HFPolicy.from_pretrained(model, device=device, dtype=torch.float32 if device == "cpu" else "auto",
-                                      media_budget=media_budget)
+    policy = load_policy(model, "hf", device=device, media_budget=media_budget)
     return ChatEngine(policy, served_name or model, max_sessions=max_sessions)

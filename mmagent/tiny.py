@@ -204,8 +204,8 @@ def imprint(path: str | os.PathLike, steps: int = 500, lr: float = 3e-3, seed: i
     from mmagent.protocol import parse_turn
     from mmagent.toolbox import create_tool
 
-    policy = HFPolicy.from_pretrained(str(path), device="cpu", dtype=torch.float32,
-                                      chooser=ReplayChooser(list(IMPRINT_TURNS)))
+    policy = HFPolicy.from_pretrained(str(path), device="cpu", chooser=ReplayChooser(list(IMPRINT_TURNS)))
+    renderer = policy.renderer
     tool = create_tool("resample_frames")
     system = render_system_prompt([create_tool(n).schema() for n in ("resample_frames", "zoom")])
     rng = np.random.default_rng(seed)
@@ -223,11 +223,12 @@ def imprint(path: str | os.PathLike, steps: int = 500, lr: float = 3e-3, seed: i
     for k, (q, size, seconds) in enumerate(episodes):
         video = write_synthetic_video(Path(tmp.name) / f"clip{k}.mp4", seconds=seconds, size=size)
         media = EpisodeMedia(video=video)
-        session = policy.start(system, f"This is a video with duration {media.video.duration:.2f} seconds. {q}", media)
+        question = f"This is a video with duration {media.video.duration:.2f} seconds. {q}"
+        session = policy.start(renderer.prompt(system, question, media))
         call = parse_turn(policy.generate([session], 256)[0].text).action
-        policy.observe(session, tool(call.arguments, media))
+        policy.observe(session, renderer.observation(tool(call.arguments, media)))
         policy.generate([session], 256)
-        inputs = policy.full_sequence_inputs(session)
+        inputs = policy.model_inputs(session)
         labels = torch.tensor(session.token_ids)
         labels[torch.tensor(session.loss_mask) == 0] = -100
         batches.append((inputs, labels[None]))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -79,6 +79,9 @@ class Trajectory:
     timings: dict[str, float] = field(default_factory=dict)
     rewards: dict[str, float] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
+    #: the episode as one forward's inputs, kept by ``Agent(keep_model_inputs=True)`` so RL trains on what the
+    #: rollout encoded instead of encoding it again; in memory only (never saved)
+    model_inputs: Any = field(default=None, repr=False, compare=False)
 
     # ----- views -----------------------------------------------------------------------------------
     @property
@@ -129,7 +132,8 @@ class Trajectory:
                 d["observation"] = {"text": obs.text, "images": paths, "image_labels": obs.image_labels,
                                     "is_error": obs.is_error, "handles": obs.handles, "data": obs.data}
             turns.append(d)
-        out = {k: v for k, v in asdict(self).items() if k not in ("turns", "task")}
+        plain = replace(self, turns=[], model_inputs=None)  # asdict would deep-copy the tensors
+        out = {k: v for k, v in asdict(plain).items() if k not in ("turns", "task", "model_inputs")}
         out["task"] = asdict(self.task)
         out["turns"] = turns
         return out

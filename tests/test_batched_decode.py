@@ -15,7 +15,8 @@ from mmagent.eval.benchmarks import synth
 from mmagent import Agent, Budgets
 from mmagent.default_model import default_model_path
 from mmagent.media import EpisodeMedia
-from mmagent.policy.hf import HFPolicy, SharedPrefixes
+from mmagent.policy.batching import SharedPrefixes
+from mmagent.policy.hf import HFPolicy
 from mmagent.policy.replay import ReplayChooser
 from mmagent.protocol import format_tool_call
 from mmagent.trajectory import Task
@@ -76,7 +77,7 @@ class _Recording(HFPolicy):
         step = inner.step
 
         def recorded():
-            self.steps.append([(s.info["task_id"], s.turn) for s in inner.sessions()])
+            self.steps.append([(s.task.id, s.turn) for s in inner.sessions()])
             return step()
 
         inner.step = recorded
@@ -105,12 +106,11 @@ def test_waiting_episodes_join_as_others_finish(tiny_model_dir, video_path):
 def test_a_session_joins_a_running_batch_between_tokens(tiny_model_dir, video_path):
     """The stream itself: b joins while a is mid-turn, c while both are; each turn equals its one-at-a-time run."""
     turns = {"a": LONG + CALL, "b": "<think>Red.</think><answer>B</answer>", "c": LONG + "<answer>C</answer>"}
-    chooser = ReplayChooser(lambda s, t: turns[s.info["task_id"]] if t == 0 else None)
+    chooser = ReplayChooser(lambda s, t: turns[s.task.id] if t == 0 else None)
 
     def session(policy, key):
-        s = policy.start("You answer.", "What colour?", EpisodeMedia(video=str(video_path)), seed=0)
-        s.info["task_id"] = key
-        return s
+        view = policy.renderer.prompt("You answer.", "What colour?", EpisodeMedia(video=str(video_path)))
+        return policy.start(view, seed=0, task=Task(question="What colour?", id=key))
 
     alone = HFPolicy.from_pretrained(str(tiny_model_dir), device="cpu", batch_decode=False, chooser=chooser)
     expected = {k: alone.generate([session(alone, k)], 200)[0] for k in turns}
@@ -125,8 +125,8 @@ def test_a_session_joins_a_running_batch_between_tokens(tiny_model_dir, video_pa
         if step == 9:
             assert len(stream.active) == 2 and all(t.generated for t in stream.active)  # both mid-turn
         for s, gen in stream.step():
-            order.append(s.info["task_id"])
-            got[s.info["task_id"]] = gen
+            order.append(s.task.id)
+            got[s.task.id] = gen
         if not len(stream) and step > 9:
             break
     assert order == ["b", "c", "a"] or order == ["b", "a", "c"]

@@ -15,7 +15,8 @@ from mmagent.eval.benchmarks import synth
 from mmagent.eval.runner import PREDICTIONS_FILE, RunError, read_predictions, run_eval
 from mmagent.agent import Agent, Budgets
 from mmagent.cli import main
-from mmagent.policy.base import Generation, MediaBudget, Policy, Session
+from mmagent.policy.base import Generation, Policy, Session
+from mmagent.policy.render import MediaBudget
 from mmagent.trajectory import Trajectory
 
 
@@ -40,22 +41,19 @@ class ScriptedPolicy(Policy):
         self.media_budget = MediaBudget()
         self.ran: list[str] = []
 
-    def start(self, system_prompt, question, media, seed=0):
-        return Session(media=media, seed=seed)
+    def start(self, view, seed=0, task=None):
+        return Session(seed=seed, task=task)
 
     def generate(self, sessions, max_new_tokens):
         out = []
         for s in sessions:
-            tid = s.info["task_id"]
+            tid = s.task.id
             self.ran.append(tid)
             text = f"<think>about {tid} <b>bold</b></think><answer>{self.answers.get(tid, 'A')}</answer>"
             out.append(Generation(text=text, token_ids=[], logprobs=[], truncated=False, prefill_tokens=0))
         return out
 
-    def observe(self, session, observation):
-        return 0
-
-    def visual_tokens(self, images):
+    def observe(self, session, view):
         return 0
 
 
@@ -70,7 +68,7 @@ def _lines(out: Path) -> list[dict]:
 def test_oracle_run_leaves_predictions_trajectories_and_reports(tasks, tmp_path):
     four = [t for t in tasks if t.id.endswith("-00000")]
     out = tmp_path / "run"
-    result = run_eval(synth, synth.oracle_agent(four), four, out, batch_size=2, progress=False)
+    result = run_eval(synth, synth.oracle_agent(), four, out, batch_size=2, progress=False)
 
     recs = sorted(_lines(out), key=lambda r: [t.id for t in four].index(r["id"]))  # lines come in finish order
     assert [r["id"] for r in recs] == [t.id for t in four]

@@ -22,8 +22,9 @@ from PIL import Image
 from mmagent.eval.benchmarks import synth
 from mmagent.cli import main
 from mmagent.media import EpisodeMedia
-from mmagent.policy.base import MediaBudget
-from mmagent.policy.hf import HFPolicy, concat_segments
+from mmagent.policy.hf import HFPolicy
+from mmagent.policy.render import MediaBudget
+from mmagent.policy.segments import concat_segments
 from mmagent.policy.openai_http import HTTPSession, OpenAIBackendError, OpenAIPolicy, restore_stop
 from mmagent.protocol import format_tool_call
 from mmagent.serve import ChatEngine
@@ -117,15 +118,16 @@ def test_the_server_rebuilds_the_in_process_tokens_from_messages(tiny_model_dir,
     obs = Observation(text="2 crops", images=[Image.new("RGB", (60, 40), (0, 200, 0)), Image.new("RGB", (33, 70))],
                       image_labels=["box [0, 0, 32, 32]", "box [1, 1, 9, 9]"], handles=["obs:1", "obs:2"])
 
-    ref = policy.start("You are a test.", "What is red?", EpisodeMedia(video=video_path, image=image))
+    prompt = policy.renderer.prompt("You are a test.", "What is red?", EpisodeMedia(video=video_path, image=image))
+    ref = policy.start(prompt)
     policy.append_turn(ref, policy.tokenizer.encode(CALL, add_special_tokens=False))
-    policy.observe(ref, obs)
+    policy.observe(ref, policy.renderer.observation(obs))
 
     client = OpenAIPolicy("http://127.0.0.1:9/v1", model="tiny", media_budget=budget)
-    sent = client.start("You are a test.", "What is red?", EpisodeMedia(video=video_path, image=image))
+    sent = client.start(client.renderer.prompt("You are a test.", "What is red?",
+                                               EpisodeMedia(video=video_path, image=image)))
     sent.messages.append({"role": "assistant", "content": CALL})
-    client.observe(sent, obs)
-    assert sent.visual_tokens == ref.visual_tokens
+    client.observe(sent, client.renderer.observation(obs))
 
     engine = ChatEngine(policy, "tiny")
     rebuilt, hit = engine._prepare(json.loads(json.dumps(sent.messages)), seed=0, fps=sent.fps)
@@ -185,7 +187,7 @@ def test_http_errors_and_replies_that_are_not_chat_completions():
         def generate(mode: str):
             policy = OpenAIPolicy(f"http://127.0.0.1:{server.server_port}/{mode}/v1", model="m", retries=1,
                                   backoff_s=0.01)
-            session = HTTPSession(media=None, messages=[{"role": "user", "content": "hi"}])
+            session = HTTPSession(messages=[{"role": "user", "content": "hi"}])
             return policy.generate([session], 8)[0], session
 
         with pytest.raises(OpenAIBackendError, match=r"answered HTTP 500: the GPU caught fire \(tried 2 times\)"):

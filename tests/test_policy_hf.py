@@ -7,9 +7,11 @@ import torch
 from PIL import Image
 
 from mmagent.media import EpisodeMedia
-from mmagent.policy.base import MediaBudget
-from mmagent.policy.hf import HFPolicy, SamplingConfig, concat_segments
+from mmagent.policy.hf import HFPolicy
+from mmagent.policy.render import MediaBudget
 from mmagent.policy.replay import ReplayChooser
+from mmagent.policy.sampling import SamplingConfig
+from mmagent.policy.segments import concat_segments
 from mmagent.protocol import format_tool_call
 from mmagent.toolbox import Observation
 
@@ -27,14 +29,24 @@ def _policy(model_dir, **kwargs) -> HFPolicy:
     return HFPolicy.from_pretrained(str(model_dir), device="cpu", **kwargs)
 
 
+def _start(policy: HFPolicy, media: EpisodeMedia, system: str = "sys", question: str = "q", seed: int = 0):
+    """A session on the rendered first prompt, as the agent starts one; returns it and the view."""
+    view = policy.renderer.prompt(system, question, media)
+    return policy.start(view, seed=seed), view
+
+
+def _observe(policy: HFPolicy, session, obs: Observation) -> int:
+    return policy.observe(session, policy.renderer.observation(obs))
+
+
 def _episode(policy: HFPolicy, video_path, turns: int = 3, images_per_obs: int = 2, max_new_tokens: int = 12):
     """start, then (generate, observe) x (turns - 1), then a last generate; returns session and generations."""
-    session = policy.start("You are a test.", "What colour is it?", EpisodeMedia(video=video_path))
+    session, _ = _start(policy, EpisodeMedia(video=video_path), "You are a test.", "What colour is it?")
     gens = []
     for k in range(turns):
         gens.append(policy.generate([session], max_new_tokens)[0])
         if k < turns - 1:
-            policy.observe(session, _frames(images_per_obs))
+            _observe(policy, session, _frames(images_per_obs))
     return session, gens
 
 
@@ -59,32 +71,30 @@ def test_missing_local_model_folder_says_what_to_do(tmp_path):
 def test_first_prompt_encodes_video_frames_within_the_pixel_budget(tiny_model_dir, video_path):
     policy = _policy(tiny_model_dir, media_budget=MediaBudget(video_frames=8, video_min_pixels=28 * 28,
                                                               video_max_pixels=56 * 56))
-    media = EpisodeMedia(video=video_path)
-    session = policy.start("sys", "q", media)
+    session, view = _start(policy, EpisodeMedia(video=video_path))
     seg = session.segments[0]
     t, h, w = seg.vision["video_grid_thw"][0].tolist()
     assert t == 4  # 8 frames, two per temporal patch
     assert h * w * 14 * 14 <= 56 * 56 * 1.01
-    # every video token placeholder was expanded once: T*H*W / merge^2 tokens
-    assert int((seg.mm_types == 2).sum()) == t * h * w // 4 == session.visual_tokens
-    assert media.view_size("video") == (w * 14, h * 14)
-    assert session.initial_frame_times == pytest.approx([0.25 + 0.5 * k for k in range(8)])
+    # every video token placeholder was expanded once: T*H*W / merge^2 tokens, what the renderer counted
+    assert int((seg.mm_types == 2).sum()) == t * h * w // 4 == view.visual_tokens
+    assert view.view_sizes["video"] == (w * 14, h * 14)
+    assert view.frame_times == pytest.approx([0.25 + 0.5 * k for k in range(8)])
     assert session.loss_mask == [0] * len(session.token_ids) and session.prompt_length == len(session.token_ids)
 
 
 def test_image_episode_records_the_view_size(tiny_model_dir):
     policy = _policy(tiny_model_dir, media_budget=MediaBudget(image_max_pixels=112 * 112))
-    media = EpisodeMedia(image=Image.new("RGB", (400, 200), "white"))
-    session = policy.start("sys", "q", media)
-    w, h = media.view_size("image")
+    session, view = _start(policy, EpisodeMedia(image=Image.new("RGB", (400, 200), "white")))
+    w, h = view.view_sizes["image"]
     assert w % 28 == 0 and h % 28 == 0 and w * h <= 112 * 112 and w / h == pytest.approx(2, rel=0.3)
-    assert session.visual_tokens == (w // 28) * (h // 28)
+    assert view.visual_tokens == (w // 28) * (h // 28) == int((session.segments[0].mm_types == 1).sum())
 
 
 def test_incremental_positions_equal_get_rope_index_over_the_whole_sequence(tiny_model_dir, video_path):
     policy = _policy(tiny_model_dir)
     session, _ = _episode(policy, video_path, turns=3)
-    inputs = policy.full_sequence_inputs(session)
+    inputs = policy.model_inputs(session)
     full, _ = policy.model.model.get_rope_index(
         inputs["input_ids"], inputs["mm_token_type_ids"], image_grid_thw=inputs["image_grid_thw"],
         video_grid_thw=inputs["video_grid_thw"], second_per_grid_ts=inputs["second_per_grid_ts"])
@@ -95,21 +105,20 @@ def test_incremental_positions_equal_get_rope_index_over_the_whole_sequence(tiny
 def test_every_observation_image_reaches_the_model_input(tiny_model_dir, video_path):
     policy = _policy(tiny_model_dir)
     session, _ = _episode(policy, video_path, turns=3, images_per_obs=3)
-    inputs = policy.full_sequence_inputs(session)
+    inputs = policy.model_inputs(session)
     grids = inputs["image_grid_thw"]
     assert grids.shape[0] == 6  # two observations of three images
     image_pad = policy.tokenizer.convert_tokens_to_ids("<|image_pad|>")
     assert session.token_ids.count(image_pad) == int(grids.prod(-1).sum()) // 4
     assert inputs["pixel_values"].shape[0] == int(grids.prod(-1).sum())
-    assert session.media.view_size("obs:3")[0] % 28 == 0
 
 
 def test_cached_logits_match_a_full_forward_of_the_conversation(tiny_model_dir, video_path):
     policy = _policy(tiny_model_dir)
     session, _ = _episode(policy, video_path, turns=2)
-    policy.observe(session, _frames(1))
-    incremental = policy._begin(session).logits  # last generated token + observation on top of the cache
-    inputs = policy.full_sequence_inputs(session)
+    _observe(policy, session, _frames(1))
+    incremental = policy.begin_turns([session])[0].logits  # last generated token + observation on top of the cache
+    inputs = policy.model_inputs(session)
     with torch.inference_mode():
         full = policy.model(**inputs, use_cache=False).logits[0, -1].float()
     assert torch.allclose(incremental, full, atol=1e-4), (incremental - full).abs().max()
@@ -122,7 +131,7 @@ def test_kv_cache_reuse_prefills_only_the_new_tokens(tiny_model_dir, video_path)
     texts = {}
     for reuse in (True, False):
         policy = _policy(tiny_model_dir, reuse_cache=reuse, chooser=ReplayChooser(script))
-        session = policy.start("You are a test.", "What colour is it?", EpisodeMedia(video=video_path))
+        session, _ = _start(policy, EpisodeMedia(video=video_path), "You are a test.", "What colour is it?")
         before, obs_lengths, counts, out = [], [], [], []
         for k in range(3):
             before.append(len(session.token_ids))
@@ -130,7 +139,7 @@ def test_kv_cache_reuse_prefills_only_the_new_tokens(tiny_model_dir, video_path)
             counts.append(gen.prefill_tokens)
             out.append(gen.text)
             if k < 2:
-                obs_lengths.append(policy.observe(session, _frames(2)))
+                obs_lengths.append(_observe(policy, session, _frames(2)))
         prefill[reuse], texts[reuse] = counts, out
         if reuse:
             # turn 1: the prompt; later turns: the last sampled token + the observation segment
@@ -153,14 +162,14 @@ def test_greedy_outputs_are_the_same_with_and_without_cache_reuse(tiny_model_dir
 
 def test_token_ids_only_grow_and_the_mask_marks_exactly_the_generated_tokens(tiny_model_dir, video_path):
     policy = _policy(tiny_model_dir, chooser=ReplayChooser([CALL, "<answer>A</answer>"]))
-    session = policy.start("sys", "q", EpisodeMedia(video=video_path))
+    session, _ = _start(policy, EpisodeMedia(video=video_path))
     snapshot = list(session.token_ids)
     expected_mask = [0] * len(snapshot)
     gen = policy.generate([session], 64)[0]
     assert session.token_ids[:len(snapshot)] == snapshot
     expected_mask += [1] * len(gen.token_ids)
     snapshot = list(session.token_ids)
-    n = policy.observe(session, _frames(2))
+    n = _observe(policy, session, _frames(2))
     assert session.token_ids[:len(snapshot)] == snapshot
     expected_mask += [0] * n
     gen2 = policy.generate([session], 64)[0]
@@ -175,10 +184,10 @@ def test_token_ids_only_grow_and_the_mask_marks_exactly_the_generated_tokens(tin
 
 def test_generation_stops_at_the_stop_string_and_reports_truncation(tiny_model_dir, video_path):
     policy = _policy(tiny_model_dir, chooser=ReplayChooser([CALL + " and more text", "x " * 50]))
-    session = policy.start("sys", "q", EpisodeMedia(video=video_path))
+    session, _ = _start(policy, EpisodeMedia(video=video_path))
     gen = policy.generate([session], 64)[0]
     assert gen.text == CALL and not gen.truncated
-    policy.observe(session, _frames(1))
+    _observe(policy, session, _frames(1))
     gen = policy.generate([session], 10)[0]
     assert gen.truncated and len(gen.token_ids) == 10
 
@@ -197,7 +206,7 @@ def test_vision_tokens_are_never_generated(tiny_model_dir, video_path):
 def test_sampling_is_seeded_per_session(tiny_model_dir, video_path):
     def sample(seed: int) -> list[int]:
         policy = _policy(tiny_model_dir, sampling=SamplingConfig(temperature=1.0, top_p=0.95))
-        session = policy.start("sys", "q", EpisodeMedia(video=video_path), seed=seed)
+        session, _ = _start(policy, EpisodeMedia(video=video_path), seed=seed)
         return policy.generate([session], 16)[0].token_ids
 
     assert sample(1) == sample(1)

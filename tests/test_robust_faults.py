@@ -145,10 +145,10 @@ class _StuckOpening(HFPolicy):
 
     release: threading.Event
 
-    def start(self, system_prompt, question, media, seed=0):
-        if "stuck" in question:
+    def start(self, view, seed=0, task=None):
+        if "stuck" in task.question:
             self.release.wait(60)
-        return super().start(system_prompt, question, media, seed)
+        return super().start(view, seed, task)
 
 
 def test_media_that_never_finish_opening_end_their_episode_not_the_run(tiny_model_dir, video_path):

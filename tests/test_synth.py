@@ -16,7 +16,7 @@ from mmagent.eval.synth.oracle import SYNTH_TOOLS, _grounding_brackets
 from mmagent.eval.synth.perception import classify_shape, find_shape, read_label_by_synthesis
 from mmagent.eval.synth.scoring import CHANCE, score_answer
 from mmagent.media import open_video
-from mmagent.policy.base import fit_image
+from mmagent.policy.render import fit_image
 from mmagent.trajectory import load_jsonl
 from mmagent.training.synth_data import sft_scripts, write_sft_data
 
@@ -122,7 +122,7 @@ def test_grounding_brackets_from_frames() -> None:
 # ----- oracles --------------------------------------------------------------------------------------
 def test_the_tool_oracle_scores_about_100_percent(small: tuple[Path, list]) -> None:
     _, tasks = small
-    trajs, scores, summary = synth.evaluate(synth.oracle_agent(tasks), tasks, progress=False)
+    trajs, scores, summary = synth.evaluate(synth.oracle_agent(), tasks, progress=False)
     assert summary["video_qa"]["score"] == 1.0
     assert summary["image_qa"]["score"] == 1.0
     assert summary["geolocation"]["score"] == 1.0 and summary["geolocation"]["median_km"] < 2
@@ -136,14 +136,14 @@ def test_the_tool_oracle_scores_about_100_percent(small: tuple[Path, list]) -> N
 
 def test_without_tools_the_oracle_stays_at_chance(small: tuple[Path, list], image_items: list) -> None:
     _, tasks = small
-    _, _, with_tools = synth.evaluate(synth.oracle_agent(tasks), tasks, progress=False)
-    trajs, _, without = synth.evaluate(synth.oracle_agent(tasks, use_tools=False), tasks, progress=False)
+    _, _, with_tools = synth.evaluate(synth.oracle_agent(), tasks, progress=False)
+    trajs, _, without = synth.evaluate(synth.oracle_agent(use_tools=False), tasks, progress=False)
     assert all(not t.tool_calls for t in trajs)
     assert without["video_qa"]["score"] <= chance_bound(without["video_qa"]["n"])
     # Grounding: the first look brackets the segment, tools sharpen it.
     assert without["grounding"]["miou"] <= with_tools["grounding"]["miou"] - 0.2
-    _, _, images = synth.evaluate(synth.oracle_agent(image_items, use_tools=False), image_items, progress=False)
-    _, _, images_tools = synth.evaluate(synth.oracle_agent(image_items), image_items, progress=False)
+    _, _, images = synth.evaluate(synth.oracle_agent(use_tools=False), image_items, progress=False)
+    _, _, images_tools = synth.evaluate(synth.oracle_agent(), image_items, progress=False)
     for family in ("image_qa", "geolocation"):
         assert images[family]["n"] == 90
         # Even told the answer is one of four texts, it cannot tell which from the view.
@@ -230,7 +230,7 @@ def test_oracle_episodes_replay_through_the_real_policy(small: tuple[Path, list]
 
     _, tasks = small
     picked = [next(t for t in tasks if t.task_type == f) for f in synth.FAMILIES]
-    oracle_trajs, _, _ = synth.evaluate(synth.oracle_agent(picked), picked, progress=False)
+    oracle_trajs, _, _ = synth.evaluate(synth.oracle_agent(), picked, progress=False)
     policy = HFPolicy.from_pretrained(str(tiny_model_dir), device="cpu", media_budget=CFG.media_budget(),
                                       chooser=ReplayChooser(sft_scripts(oracle_trajs)))
     agent = Agent(policy, tools=list(SYNTH_TOOLS), budgets=Budgets(max_turns=synth.MAX_TURNS))

@@ -121,7 +121,7 @@ def test_episode_weights_sum_to_the_aggregation() -> None:
 def _success_rate(model: str, tasks: list[Task], samples: int, seed: int) -> float:
     """Share of sampled episodes (temperature 1, as in RL) whose answer is the task's letter."""
     from mmagent.agent import Agent, Budgets
-    from mmagent.policy.hf import SamplingConfig
+    from mmagent.policy.sampling import SamplingConfig
     from mmagent.training.rewards import task_reward
 
     policy = HFPolicy.from_pretrained(model, device="cpu", dtype=torch.float32, media_budget=media_budget("synth"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,8 @@ import torch
 from mmagent.eval.benchmarks import synth
 from mmagent.eval.synth.families import SynthConfig
 from mmagent.agent import Agent, Budgets
-from mmagent.policy.hf import HFPolicy, SamplingConfig
+from mmagent.policy.hf import HFPolicy
+from mmagent.policy.sampling import SamplingConfig
 from mmagent.trajectory import load_jsonl
 from mmagent.training.config import ConfigError, load_config
 from mmagent.training.encode import EncodeError, encode_trajectory, forward_logits, next_token_targets
@@ -75,6 +77,34 @@ def test_oracle_episodes_encode_with_masks_on_the_policy_turns_only(world: tuple
         logits = forward_logits(policy.model, ep)
         targets, tmask = next_token_targets(ep)
         assert logits.shape[0] == ids.shape[0] and targets.shape == tmask.shape == (ids.shape[0] - 1,)
+
+
+def test_rollout_inputs_are_reused_not_encoded_again(world: tuple, policy: HFPolicy, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """RL's rollouts keep what they encoded: training gets the very tensors re-encoding would build, without
+    opening a video or running the processor again."""
+    tasks, _ = world
+    agent = Agent(policy, tools=list(synth.SYNTH_TOOLS), budgets=Budgets(max_turns=3, max_new_tokens=24),
+                  keep_model_inputs=True)
+    rollouts = agent.run_batch(tasks, seed=5, progress=False)
+    assert all(t.model_inputs is not None for t in rollouts)
+    rebuilt = [encode_trajectory(policy, dataclasses.replace(t, model_inputs=None)) for t in rollouts]
+    import mmagent.training.encode as encode_module
+
+    monkeypatch.setattr(encode_module, "EpisodeMedia", lambda *a, **k: pytest.fail("the media were opened again"))
+    for traj, ref in zip(rollouts, rebuilt):
+        ep = encode_trajectory(policy, traj)
+        assert set(ep.inputs) == set(ref.inputs)
+        for key in ref.inputs:
+            assert torch.equal(ep.inputs[key], ref.inputs[key]), key
+        assert torch.equal(ep.loss_mask, ref.loss_mask) and torch.equal(ep.old_logprobs, ref.old_logprobs)
+        assert ep.prompt_length == ref.prompt_length
+    tampered = dataclasses.replace(rollouts[0], token_ids=rollouts[0].token_ids[:-1] + [rollouts[0].token_ids[-1] + 1])
+    with pytest.raises(EncodeError, match="do not hold its recorded token ids"):
+        encode_trajectory(policy, tampered)
+    assert "model_inputs" not in rollouts[0].to_dict(image_dir=tmp_path)  # in memory only, never saved
+    evaluation = Agent(policy, tools=list(synth.SYNTH_TOOLS), budgets=Budgets(max_turns=1, max_new_tokens=8))
+    assert evaluation.run_batch(tasks[:1], progress=False)[0].model_inputs is None
 
 
 def test_sampled_rollouts_round_trip_token_for_token(world: tuple, policy: HFPolicy) -> None:

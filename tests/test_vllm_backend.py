@@ -14,9 +14,8 @@ from PIL import Image
 from mmagent.eval.benchmarks import synth
 from mmagent.cli import main
 from mmagent.media import EpisodeMedia
-from mmagent.policy.base import MediaBudget
 from mmagent.policy.hf import HFPolicy
-from mmagent.policy.messages import render_chatml
+from mmagent.policy.render import MediaBudget
 from mmagent.policy.vllm_engine import VLLMPolicy, VLLMUnavailable
 from mmagent.protocol import STOP_STRINGS, format_tool_call
 from mmagent.toolbox import Observation
@@ -73,34 +72,27 @@ def test_the_prompt_and_media_it_sends_match_the_transformers_backend(tiny_model
     llm = _FakeLLM()
     policy = VLLMPolicy(llm, media_budget=budget)
     media = EpisodeMedia(video=video_path, image=image)
-    session = policy.start("You are a test.", "What is green?", media, seed=3)
+    prompt, observation = policy.renderer.prompt("You are a test.", "What is green?", media), None
+    session = policy.start(prompt, seed=3)
     gen = policy.generate([session], 16)[0]
     assert gen.text == CALL and gen.prefill_tokens == len(llm.requests[0][0]["prompt"]) // 4 - 5
-    policy.observe(session, obs)
+    observation = policy.renderer.observation(obs)
+    policy.observe(session, observation)
     policy.generate([session], 16)
 
     hf = HFPolicy.from_pretrained(str(tiny_model_dir), device="cpu", media_budget=budget)
-    ref = hf.start("You are a test.", "What is green?", EpisodeMedia(video=video_path, image=image))
+    ref = hf.start(hf.renderer.prompt("You are a test.", "What is green?", EpisodeMedia(video=video_path, image=image)))
     hf.append_turn(ref, hf.tokenizer.encode(CALL, add_special_tokens=False))
-    hf.observe(ref, obs)
+    hf.observe(ref, hf.renderer.observation(obs))
     # the same text around the placeholders (vLLM expands each into the image's tokens, as HF did)
     sent = llm.requests[1][0]
     assert sent["prompt"] == _collapse(hf.tokenizer.decode(ref.token_ids))
-    assert session.visual_tokens == ref.visual_tokens
     mm = sent["multi_modal_data"]
-    assert [im.size for im in mm["image"]] == [tuple(media.view_size(h)) for h in ("image", "obs:1", "obs:2")]
+    sizes = {**prompt.view_sizes, **observation.view_sizes}
+    assert [im.size for im in mm["image"]] == [sizes[h] for h in ("image", "obs:1", "obs:2")]
     assert mm["video"][0].shape[0] % 2 == 0 and sent["mm_processor_kwargs"]["do_resize"] is False
     assert sent["mm_processor_kwargs"]["fps"] == pytest.approx(3 / media.video.duration)
     params = llm.params[1][0]
     assert params["stop"] == list(STOP_STRINGS) and params["include_stop_str_in_output"] is True
     assert params["temperature"] == 0.0 and params["max_tokens"] == 16
     assert llm.params[0][0]["seed"] != params["seed"]  # each turn its own seed
-
-
-def test_chatml_rendering_is_the_chat_template(tiny_model_dir):
-    hf = HFPolicy.from_pretrained(str(tiny_model_dir), device="cpu")
-    msgs = [{"role": "system", "content": "S"},
-            {"role": "user", "content": [{"type": "video"}, {"type": "image"}, {"type": "text", "text": "Q?"}]}]
-    ours = [{"role": "system", "content": "S"},
-            {"role": "user", "content": [{"type": "video_url"}, {"type": "image_url"}, {"type": "text", "text": "Q?"}]}]
-    assert render_chatml(ours) == hf.processor.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)

@@ -19,7 +19,7 @@ import torch
 
 from mmagent import Agent
 from mmagent.cli import main
-from mmagent.policy.base import MediaBudget
+from mmagent.policy.render import MediaBudget
 from mmagent.policy.hf import HFPolicy
 from mmagent.policy.replay import ReplayChooser
 from mmagent.policy.vllm_engine import VLLMPolicy

@@ -1,7 +1,8 @@
 """What the SFT and RL trainers share: loading the policy, choosing what trains, checkpoints, saving.
 
 * :func:`load_policy` loads a checkpoint (hub id or folder) as an :class:`~mmagent.policy.hf.HFPolicy`
-  with the pixel budget the data was made for;
+  with the pixel budget the data was made for (on the CPU unless a device is given: the trainers pass
+  accelerate's);
 * :func:`make_trainable` freezes the vision tower (default) and adds LoRA adapters with peft when asked;
   the policy keeps the same model object, so rollouts and re-encoding see the adapters too;
 * checkpoints are accelerate states (model, optimizer, scheduler, RNGs) under ``output_dir/checkpoints/
@@ -20,8 +21,10 @@ from typing import Any
 
 import torch
 
-from mmagent.policy.base import MediaBudget
-from mmagent.policy.hf import HFPolicy, SamplingConfig
+from mmagent.policy.checkpoint import write_policy_record
+from mmagent.policy.hf import HFPolicy
+from mmagent.policy.render import MediaBudget
+from mmagent.policy.sampling import SamplingConfig
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.json"
@@ -51,6 +54,7 @@ def media_budget(name: str) -> MediaBudget:
 
 def load_policy(model: str, budget: str = "synth", device: str | None = None,
                 sampling: SamplingConfig | None = None) -> HFPolicy:
+    """The policy to train, in float32 on any device (the optimizer updates full-precision weights)."""
     return HFPolicy.from_pretrained(model, device=device or "cpu", dtype=torch.float32,
                                     media_budget=media_budget(budget), sampling=sampling)
 
@@ -106,9 +110,6 @@ def save_final(trainable: torch.nn.Module, policy: HFPolicy, out: str | os.PathL
     """A transformers folder with the trained weights (LoRA merged into a copy), the processor and
     ``mmagent.json`` (the pixel budget it was trained at, which loading it uses again, plus ``about``)."""
     import copy
-    from dataclasses import asdict
-
-    from mmagent.policy.hf import POLICY_FILE
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -117,8 +118,7 @@ def save_final(trainable: torch.nn.Module, policy: HFPolicy, out: str | os.PathL
         model = copy.deepcopy(model).merge_and_unload()
     model.save_pretrained(out)
     policy.processor.save_pretrained(out)
-    record = {"media_budget": asdict(policy.media_budget), **(about or {})}
-    (out / POLICY_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    write_policy_record(out, policy.media_budget, about)
     return out
 
 

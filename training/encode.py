@@ -1,10 +1,14 @@
-"""Turn a saved episode back into model inputs, teacher-forced: the bridge from trajectories to losses.
+"""Turn an episode into model inputs, teacher-forced: the bridge from trajectories to losses.
 
-:func:`encode_trajectory` rebuilds an episode inside a :class:`~mmagent.policy.hf.HFPolicy` session
-without generating anything: the first prompt is encoded by the policy (the same frames are sampled
-again), each policy turn is appended as tokens, and each observation is re-encoded from its saved images
-by the policy's own ``observe``. The session's segments then give one forward's inputs (ids, M-RoPE
-positions, every image and frame of every turn) and its ``loss_mask`` marks the policy's tokens.
+An episode the transformers backend rolled out with ``Agent(keep_model_inputs=True)`` (RL) carries the
+inputs the rollout encoded (:attr:`~mmagent.trajectory.Trajectory.model_inputs`): they are used as they are,
+checked against the recorded ids, with nothing opened or processed again.
+
+Otherwise :func:`encode_trajectory` rebuilds the episode inside a :class:`~mmagent.policy.hf.HFPolicy`
+session without generating anything, rendering it as the agent did (:mod:`mmagent.policy.render`): the
+first prompt (the same frames are sampled again), each policy turn appended as tokens, and each
+observation rendered from its saved images. The session's segments then give one forward's inputs (ids,
+M-RoPE positions, every image and frame of every turn) and its ``loss_mask`` marks the policy's tokens.
 
 Token-in/token-out: an episode the policy generated carries its token ids, and those are used as they
 are (never re-tokenized from text, which can split differently); the rebuilt prompt and observations
@@ -20,7 +24,8 @@ from dataclasses import dataclass
 import torch
 
 from mmagent.media import EpisodeMedia
-from mmagent.policy.hf import HFPolicy, HFSession, concat_segments
+from mmagent.policy.hf import HFPolicy, HFSession
+from mmagent.policy.segments import on_device
 from mmagent.trajectory import Trajectory
 
 
@@ -60,13 +65,16 @@ def _runs(mask: list[int], start: int) -> list[tuple[int, int, int]]:
 
 
 def encode_trajectory(policy: HFPolicy, traj: Trajectory) -> EncodedEpisode:
-    """Rebuild ``traj`` in ``policy`` (see the module docstring)."""
+    """``traj`` as one forward's inputs: the rollout's own, or rebuilt in ``policy`` (see the module docstring)."""
+    if traj.model_inputs is not None:
+        return _rollout_inputs(traj)
     if not traj.user_prompt:
         raise EncodeError(f"trajectory {traj.task.id!r} has no user_prompt: it was not written by the agent")
     media = EpisodeMedia(video=traj.task.video, image=traj.task.image)
+    renderer = policy.renderer
     session: HFSession | None = None
     try:
-        session = policy.start(traj.system_prompt, traj.user_prompt, media)
+        session = policy.start(renderer.prompt(traj.system_prompt, traj.user_prompt, media), task=traj.task)
         recorded = list(traj.token_ids)
         if recorded:
             _check(traj, session.token_ids, recorded[:traj.prompt_length], 0, "the first prompt")
@@ -94,14 +102,17 @@ def encode_trajectory(policy: HFPolicy, traj: Trajectory) -> EncodedEpisode:
                 if obs.images and not obs.handles:
                     obs.handles = handles
                 before = len(session.token_ids)
-                policy.observe(session, obs)
+                policy.observe(session, renderer.observation(obs))
                 if recorded:
                     _check(traj, session.token_ids[before:], recorded[before:len(session.token_ids)], before,
                            "an observation")
         if recorded and len(session.token_ids) != len(recorded):
             raise EncodeError(f"trajectory {traj.task.id!r}: rebuilt {len(session.token_ids)} tokens, "
                               f"recorded {len(recorded)}")
-        return _episode(session)
+        return EncodedEpisode(inputs=policy.model_inputs(session),
+                              loss_mask=torch.tensor(session.loss_mask, dtype=torch.long),
+                              old_logprobs=torch.tensor(session.logprobs, dtype=torch.float),
+                              prompt_length=session.prompt_length)
     finally:
         if session is not None:
             policy.end(session)
@@ -115,22 +126,19 @@ def _check(traj: Trajectory, rebuilt: list[int], recorded: list[int], offset: in
                           f"at token {offset + k} (was the model, processor or media budget changed?)")
 
 
-def _episode(session: HFSession) -> EncodedEpisode:
-    return EncodedEpisode(inputs=concat_segments(session.segments),
-                          loss_mask=torch.tensor(session.loss_mask, dtype=torch.long),
-                          old_logprobs=torch.tensor(session.logprobs, dtype=torch.float),
-                          prompt_length=session.prompt_length)
+def _rollout_inputs(traj: Trajectory) -> EncodedEpisode:
+    """The inputs the rollout encoded, checked to hold exactly the episode's recorded ids."""
+    inputs = traj.model_inputs
+    if inputs["input_ids"][0].tolist() != traj.token_ids:
+        raise EncodeError(f"trajectory {traj.task.id!r}: its model inputs do not hold its recorded token ids")
+    return EncodedEpisode(inputs=inputs, loss_mask=torch.tensor(traj.loss_mask, dtype=torch.long),
+                          old_logprobs=torch.tensor(traj.logprobs, dtype=torch.float),
+                          prompt_length=traj.prompt_length)
 
 
 def forward_logits(model: torch.nn.Module, episode: EncodedEpisode) -> torch.Tensor:
     """Logits (T, V) of one episode's forward, in float32 (``model`` may be a wrapped/prepared copy)."""
-    dev = next(model.parameters()).device
-    dtype = next(model.parameters()).dtype
-    inputs = {k: v.to(dev) for k, v in episode.inputs.items()}
-    for key in ("pixel_values", "pixel_values_videos"):
-        if key in inputs:
-            inputs[key] = inputs[key].to(dtype)
-    return model(**inputs, use_cache=False).logits[0].float()
+    return model(**on_device(model, episode.inputs), use_cache=False).logits[0].float()
 
 
 def next_token_targets(episode: EncodedEpisode) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,9 +10,11 @@ Run it with ``mmagent train rl --config configs/rl_synth.yaml [key=value ...]``.
 3. advantages per group (:mod:`mmagent.training.advantages`): GRPO, or DGRPO, which re-weights them by the
    group's difficulty and by each task family's running success rate; groups whose rewards are all equal
    carry no signal and are skipped (counted in the logs);
-4. re-encode each kept episode from its recorded token ids (:mod:`mmagent.training.encode`, which checks the ids
-   round-trip) and take one PPO-clip step on the policy's tokens only (:func:`mmagent.training.losses.policy_loss`),
-   with an optional KL to the frozen starting model.
+4. take one PPO-clip step (:func:`update_policy`) on the policy's tokens only
+   (:func:`mmagent.training.losses.policy_loss`), with an optional KL to the frozen starting model. Rollouts
+   of the trained model itself keep the inputs they encoded (``Agent(keep_model_inputs=True)``), so the
+   update runs nothing through the processor again; vLLM's episodes are re-encoded from their recorded
+   token ids (:mod:`mmagent.training.encode`, which checks the ids round-trip).
 
 The update is on-policy (one pass per batch of rollouts): the ratio's "old" policy is the sampler's own
 recorded log-probabilities, so it starts near 1 and the clip guards against the sampler and the trainer
@@ -38,7 +40,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mmagent.agent import Agent, Budgets
-from mmagent.policy.hf import SamplingConfig
+from mmagent.policy.sampling import SamplingConfig
 from mmagent.trajectory import Task, Trajectory, save_jsonl
 from mmagent.training.advantages import AdvantageConfig, DifficultyTracker, compute_advantages
 from mmagent.training.common import (LoraSettings, finish_logging, latest_checkpoint, load_checkpoint, load_policy,
@@ -174,8 +176,8 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> dict[str, Any]:
     if resolve_backend(cfg.rollout_backend) == "vllm":
         rollout_policy = start_engine(cfg, policy.media_budget, accelerator.num_processes)
         llm = rollout_policy.llm
-    agent = Agent(rollout_policy, tools=list(cfg.tools), budgets=Budgets(max_turns=cfg.max_turns,
-                                                                          max_new_tokens=cfg.max_new_tokens))
+    agent = Agent(rollout_policy, tools=list(cfg.tools), keep_model_inputs=rollout_policy is policy,
+                  budgets=Budgets(max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens))
     tracker = DifficultyTracker()
     step, history = 0, []
     ckpt = latest_checkpoint(out) if cfg.resume else None
@@ -240,7 +242,7 @@ def rl_step(cfg: RLConfig, policy: Any, model: torch.nn.Module, optimizer: Any, 
     for g, advs in enumerate(result.advantages):
         if not result.zero_variance[g]:
             kept += list(zip(trajs[g * cfg.group_size:(g + 1) * cfg.group_size], advs))
-    stats = _update(cfg, policy, model, optimizer, kept, trajs[0], accelerator, reference)
+    stats = update_policy(cfg, policy, model, optimizer, kept, trajs[0], accelerator, reference)
     if cfg.save_rollouts and accelerator.is_main_process:
         save_jsonl(trajs, Path(cfg.output_dir) / "rollouts" / f"step-{step + 1:06d}.jsonl")
     calls = [len(t.tool_calls) for t in trajs]
@@ -261,10 +263,12 @@ def rl_step(cfg: RLConfig, policy: Any, model: torch.nn.Module, optimizer: Any, 
     return row
 
 
-def _update(cfg: RLConfig, policy: Any, model: torch.nn.Module, optimizer: Any,
-            kept: Sequence[tuple[Trajectory, float]], spare: Trajectory, accelerator: Any,
-            reference: torch.nn.Module | None) -> dict[str, float]:
-    """One optimizer step on the kept episodes.
+def update_policy(cfg: RLConfig, policy: Any, model: torch.nn.Module, optimizer: Any,
+                  kept: Sequence[tuple[Trajectory, float]], spare: Trajectory, accelerator: Any,
+                  reference: torch.nn.Module | None = None) -> dict[str, float]:
+    """One optimizer step on the kept ``(episode, advantage)`` pairs; returns the mean loss, clip fraction,
+    KL and the gradient norm. ``model`` is the prepared (trainable) module, ``policy`` encodes episodes that
+    carry no model inputs of their own.
 
     Every process runs the same number of backward passes (the most any process kept), padding with
     ``spare`` at weight 0, and only the last one synchronises: so DDP, FSDP or DeepSpeed average the

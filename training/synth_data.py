@@ -23,7 +23,7 @@ from mmagent.trajectory import Task, Trajectory, save_jsonl
 def write_sft_data(tasks: Sequence[Task], out_path: str | os.PathLike, config: SynthConfig | None = None,
                    min_score: float = 0.5, progress: bool = True) -> dict[str, Any]:
     """Save the oracle's episodes on ``tasks`` that score at least ``min_score``; return counts per family."""
-    trajectories, scores, summary = evaluate(oracle_agent(tasks, use_tools=True, config=config), tasks,
+    trajectories, scores, summary = evaluate(oracle_agent(use_tools=True, config=config), tasks,
                                              progress=progress)
     kept = [t for t, s in zip(trajectories, scores) if s["score"] >= min_score]
     save_jsonl(kept, out_path)

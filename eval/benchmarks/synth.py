@@ -130,28 +130,25 @@ def load(data_dir: str | os.PathLike, families: Sequence[str] | None = None, lim
     return tasks
 
 
-def oracle_agent(tasks: Sequence[Task], use_tools: bool = True, config: SynthConfig | None = None,
-                 offer_tools: bool = True) -> Agent:
+def oracle_agent(use_tools: bool = True, config: SynthConfig | None = None, offer_tools: bool = True) -> Agent:
     """An agent whose policy is the toy world's oracle (see :mod:`mmagent.eval.synth.oracle`).
 
     The no-tool oracle (``use_tools=False``) still sees the tools in its prompt unless ``offer_tools`` is
     False (then its episodes are SFT data for a policy that is run without tools).
     """
     tools = list(SYNTH_TOOLS) if offer_tools else []
-    return Agent(OraclePolicy(tasks, config=config, use_tools=use_tools), tools=tools,
+    return Agent(OraclePolicy(config=config, use_tools=use_tools), tools=tools,
                  budgets=Budgets(max_turns=MAX_TURNS))
 
 
 def model_agent(model: str, use_tools: bool = True, device: str | None = None, max_new_tokens: int = 160,
                 temperature: float = 0.0, config: SynthConfig | None = None) -> Agent:
     """An agent over a transformers checkpoint with the toy world's tools (none if not ``use_tools``), turn
-    limit and pixel budget."""
-    import torch
-
+    limit and pixel budget (on the CPU unless ``device`` says otherwise: the toy world's models are tiny)."""
     return Agent.from_pretrained(model, tools=list(SYNTH_TOOLS) if use_tools else [],
                                  budgets=Budgets(max_turns=MAX_TURNS, max_new_tokens=max_new_tokens),
                                  media_budget=(config or SynthConfig()).media_budget(), temperature=temperature,
-                                 device=device or "cpu", dtype=torch.float32)
+                                 device=device or "cpu")
 
 
 def evaluate(agent: Agent, tasks: Sequence[Task], progress: bool = True, seed: int = 0, batch_size: int = 32

@@ -31,7 +31,7 @@ from PIL import Image
 
 from mmagent.eval.synth import render
 from mmagent.eval.synth.render import LABEL_PALETTE, PALETTE, SHAPES
-from mmagent.policy.base import MediaBudget, fitted_size
+from mmagent.policy.render import MediaBudget, fitted_size
 from mmagent.trajectory import Task
 
 FAMILIES = ("video_qa", "grounding", "image_qa", "geolocation")

@@ -2,10 +2,10 @@
 
 :class:`OraclePolicy` is a :class:`~mmagent.policy.base.Policy` that writes its turns from a plan
 instead of a model, so an oracle episode runs through the real :class:`~mmagent.agent.Agent`: the real
-tools run on the item's media and their real observations come back. It sizes every view exactly as the
-transformers policy does (same pixel budget, same resizing), and it *reads its answers out of those
-views* with :mod:`mmagent.eval.synth.perception` — it knows where to look (the generator's layout) but never
-reads the answer from the ground truth. Reading text means picking, among the item's candidate texts
+tools run on the item's media and their real observations come back. It is shown the very views the agent
+renders for a model (:mod:`mmagent.policy.render`: same pixel budget, same resizing), and it *reads its
+answers out of those views* with :mod:`mmagent.eval.synth.perception` — it knows where to look (the
+generator's layout, from the session's task) but never reads the answer from the ground truth. Reading text means picking, among the item's candidate texts
 (the options, or the city's name and three same-length decoys), the one the pixels match. So:
 
 * with tools, a right answer proves the tool's observation carried the information (SFT cold-start
@@ -22,17 +22,16 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Sequence
 
-import numpy as np
 from PIL import Image
 
 from mmagent.eval.synth.families import LETTERS, SynthConfig, option_values
-from mmagent.eval.synth.perception import (blob_colour, classify_shape, find_shape, frame_colour, read_label_by_synthesis,
-                                   read_label_sharp)
-from mmagent.media import EpisodeMedia
-from mmagent.policy.base import Generation, MediaBudget, Policy, Session, fit_image, visual_token_count
+from mmagent.eval.synth.perception import (blob_colour, classify_shape, find_shape, frame_colour,
+                                           read_label_by_synthesis, read_label_sharp)
+from mmagent.policy.base import Generation, Policy, Session
+from mmagent.policy.render import MediaBudget, View
 from mmagent.protocol import format_tool_call
-from mmagent.trajectory import Task
 from mmagent.toolbox.base import Observation
+from mmagent.trajectory import Task
 
 #: the toolbox the toy world's tasks need
 SYNTH_TOOLS = ("resample_frames", "zoom", "web_search")
@@ -46,12 +45,18 @@ ZOOM_MARGIN = 1
 class OracleState:
     """What an oracle episode has seen: the first look and every observation since, as shown."""
 
-    task: Task | None = None  # known from the first generate (the agent names the task after start)
+    task: Task
     first_frames: list[tuple[float, Image.Image]] = field(default_factory=list)
     first_image: Image.Image | None = None
-    source_image: np.ndarray | None = None
+    #: (width, height) of the item's image before it was fitted into the first look
+    source_size: tuple[int, int] | None = None
     observations: list[Observation] = field(default_factory=list)
     shown: list[list[Image.Image]] = field(default_factory=list)  # each observation's images as fitted
+
+
+@dataclass
+class OracleSession(Session):
+    state: OracleState | None = None
 
 
 class OraclePolicy(Policy):
@@ -59,53 +64,31 @@ class OraclePolicy(Policy):
 
     thread_safe_start = True
 
-    def __init__(self, tasks: Sequence[Task], config: SynthConfig | None = None, use_tools: bool = True,
+    def __init__(self, config: SynthConfig | None = None, use_tools: bool = True,
                  media_budget: MediaBudget | None = None) -> None:
-        self.tasks = {t.id: t for t in tasks}
         self.config = config or SynthConfig()
         self.media_budget = media_budget or self.config.media_budget()
         self.use_tools = use_tools
 
-    def start(self, system_prompt: str, question: str, media: EpisodeMedia, seed: int = 0) -> Session:
-        b = self.media_budget
-        session = Session(media=media, seed=seed)
-        state = OracleState()
-        if media.video is not None:
-            frames = media.video.sample_uniform(b.video_frames)
-            session.initial_frame_times = [f.timestamp for f in frames]
-            fitted = [fit_image(f.image, b.video_min_pixels, b.video_max_pixels) for f in frames]
-            media.set_view_size("video", fitted[0].size)
-            state.first_frames = [(f.timestamp, im) for f, im in zip(frames, fitted)]
-        if media.image is not None:
-            state.first_image = fit_image(media.image, b.image_min_pixels, b.image_max_pixels)
-            state.source_image = np.asarray(media.image.convert("RGB"))
-            media.set_view_size("image", state.first_image.size)
-        session.info["oracle"] = state
-        return session
+    def start(self, view: View, seed: int = 0, task: Task | None = None) -> OracleSession:
+        if task is None:
+            raise ValueError("the oracle plays a toy-world task: start it with the episode's task")
+        state = OracleState(task=task)
+        for part in view.parts:
+            if part.video is not None:
+                state.first_frames = list(zip(part.video.times, part.video.frames))
+            elif part.image is not None:
+                state.first_image, state.source_size = part.image, part.source_size
+        return OracleSession(seed=seed, task=task, state=state)
 
-    def generate(self, sessions: Sequence[Session], max_new_tokens: int) -> list[Generation]:
-        out = []
-        for s in sessions:
-            state: OracleState = s.info["oracle"]
-            state.task = self.tasks[s.info["task_id"]]
-            text = next_turn(state, self.config, self.use_tools)
-            out.append(Generation(text=text, token_ids=[], logprobs=[], truncated=False, prefill_tokens=0))
-        return out
+    def generate(self, sessions: Sequence[OracleSession], max_new_tokens: int) -> list[Generation]:
+        return [Generation(text=next_turn(s.state, self.config, self.use_tools), token_ids=[], logprobs=[],
+                           truncated=False, prefill_tokens=0) for s in sessions]
 
-    def observe(self, session: Session, observation: Observation) -> int:
-        b = self.media_budget
-        state: OracleState = session.info["oracle"]
-        shown = [fit_image(im, b.observation_min_pixels, b.observation_max_pixels) for im in observation.images]
-        for handle, im in zip(observation.handles, shown):
-            session.media.set_view_size(handle, im.size)
-        state.observations.append(observation)
-        state.shown.append(shown)
-        session.visual_tokens += self.visual_tokens(observation.images)
+    def observe(self, session: OracleSession, view: View) -> int:
+        session.state.observations.append(view.observation)
+        session.state.shown.append(view.images)
         return 0
-
-    def visual_tokens(self, images: Sequence[Image.Image]) -> int:
-        b = self.media_budget
-        return visual_token_count(images, b.observation_min_pixels, b.observation_max_pixels)
 
 
 # ----- the plans ------------------------------------------------------------------------------------
@@ -207,7 +190,7 @@ def _grounding(state: OracleState, cfg: SynthConfig, use_tools: bool) -> str:
 
 def _view_box(state: OracleState, box: Sequence[int]) -> list[int]:
     """The label's box in the pixels of the view the policy saw, with a margin."""
-    src_h, src_w = state.source_image.shape[:2]
+    src_w, src_h = state.source_size
     vw, vh = state.first_image.size
     x, y, w, h = box
     return [max(0, math.floor(x * vw / src_w) - ZOOM_MARGIN), max(0, math.floor(y * vh / src_h) - ZOOM_MARGIN),

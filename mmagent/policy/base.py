@@ -1,11 +1,15 @@
 """What the agent loop needs from a policy backend, and the per-episode state a backend keeps.
 
-A backend (transformers, vLLM, an OpenAI-compatible HTTP server) implements :class:`Policy`:
+The agent renders every step of an episode (:mod:`mmagent.policy.render`) and hands the :class:`View` to
+its policy, which implements :class:`Policy`:
 
-* ``start`` encodes the first prompt (system prompt with the tool schemas, the user's media and
-  question) into a :class:`Session`;
+* ``start(view, seed, task)`` maps the first prompt to the backend's input (token ids and pixel tensors,
+  a prompt string, chat messages) in a new :class:`Session`;
 * ``generate`` continues a batch of sessions until a stop string, end of turn or the token limit;
-* ``observe`` appends a tool's observation (text + images) as new prompt tokens.
+* ``observe(session, view)`` appends a tool's observation as new prompt tokens.
+
+A backend never samples frames, fits images or counts visual tokens itself: the view carries them, so
+every backend shows the model the same thing, and the agent records the view sizes tools read boxes in.
 
 The session holds the conversation as token ids, never as text: generated ids and encoded
 observation ids are concatenated as they come (token-in/token-out), so the ids that training later
@@ -22,81 +26,9 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from PIL import Image
-
-from mmagent.media import EpisodeMedia
-from mmagent.toolbox.base import Observation
-
-
-@dataclass
-class SamplingConfig:
-    """How the next token is picked. ``temperature == 0`` is greedy."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-
-    def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
-        if not 0 < self.top_p <= 1:
-            raise ValueError("top_p must be in (0, 1]")
-
-
-@dataclass
-class MediaBudget:
-    """How media become visual tokens (pixels per frame/image, frame count)."""
-
-    #: frames sampled uniformly from the video for the first prompt
-    video_frames: int = 16
-    #: pixel bounds per video frame (Qwen2.5-VL: one token per 28x28 pixels, two frames per token slab)
-    video_min_pixels: int = 28 * 28 * 4
-    video_max_pixels: int = 224 * 224
-    #: pixel bounds of the user's image
-    image_min_pixels: int = 28 * 28 * 4
-    image_max_pixels: int = 1024 * 28 * 28
-    #: pixel bounds of each image a tool returns (frames, crops)
-    observation_min_pixels: int = 28 * 28 * 4
-    observation_max_pixels: int = 256 * 28 * 28
-
-    def __post_init__(self) -> None:
-        if self.video_frames < 1:
-            raise ValueError("video_frames must be at least 1")
-        for kind in ("video", "image", "observation"):
-            lo, hi = getattr(self, f"{kind}_min_pixels"), getattr(self, f"{kind}_max_pixels")
-            if not 0 < lo <= hi:
-                raise ValueError(f"{kind}_min_pixels ({lo}) must be positive and at most {kind}_max_pixels ({hi})")
-
-
-#: pixels per visual token side for Qwen2.5-VL (14-pixel patches, 2x2 merge)
-PATCH_FACTOR = 28
-
-
-def fitted_size(width: int, height: int, min_pixels: int, max_pixels: int,
-                factor: int = PATCH_FACTOR) -> tuple[int, int]:
-    """(width, height) the model sees an image at: qwen-vl-utils' smart_resize within the pixel bounds."""
-    from qwen_vl_utils import smart_resize
-
-    h, w = smart_resize(height, width, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
-    return w, h
-
-
-def fit_image(image: Image.Image, min_pixels: int, max_pixels: int, factor: int = PATCH_FACTOR) -> Image.Image:
-    """``image`` resized as the policy is shown it (qwen-vl-utils ``fetch_image``: RGB, smart_resize, bicubic)."""
-    from qwen_vl_utils import fetch_image
-
-    return fetch_image({"image": image, "min_pixels": min_pixels, "max_pixels": max_pixels},
-                       image_patch_size=factor // 2)
-
-
-def visual_token_count(images: Sequence[Image.Image], min_pixels: int, max_pixels: int,
-                       factor: int = PATCH_FACTOR) -> int:
-    """Visual tokens these images cost once fitted: one per ``factor`` x ``factor`` pixels."""
-    total = 0
-    for im in images:
-        w, h = fitted_size(im.width, im.height, min_pixels, max_pixels, factor)
-        total += (h // factor) * (w // factor)
-    return total
+from mmagent.policy.render import PATCH_FACTOR, MediaBudget, Renderer, View
+from mmagent.policy.sampling import SamplingConfig
+from mmagent.trajectory import Task
 
 
 @dataclass
@@ -123,16 +55,18 @@ class Generation:
 class Session:
     """One episode's conversation inside a policy. Backends subclass it to add their caches."""
 
-    media: EpisodeMedia
     token_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     prompt_length: int = 0
-    visual_tokens: int = 0
-    #: seconds of the frames shown in the first prompt
-    initial_frame_times: list[float] = field(default_factory=list)
+    #: seeds the session's sampling (a sampled episode is reproducible on its own, whatever its batch)
     seed: int = 0
-    info: dict[str, Any] = field(default_factory=dict)
+    #: the episode's task, for policies that play from a plan or a script (the toy world's oracle, replayed
+    #: turns); a model ignores it
+    task: Task | None = None
+    #: how this session's next tokens are picked; None: the policy's own setting (``mmagent serve`` sets it
+    #: per request)
+    sampling: SamplingConfig | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -186,26 +120,33 @@ class TurnStream:
 class Policy(abc.ABC):
     """A vision-language model that can hold several episodes open at once."""
 
+    #: the pixel budget every view of this policy is rendered within
     media_budget: MediaBudget
+    #: pixels per visual token side of the model (Qwen2.5-VL: 28)
+    patch_factor: int = PATCH_FACTOR
     #: True when ``start`` may run in a worker thread while other sessions generate (it reads shared state
     #: only), so opening media overlaps with generation; the built-in backends set it
     thread_safe_start: bool = False
+    #: the most images one episode may show (a limit of the backend's engine, e.g. vLLM's
+    #: ``limit_mm_per_prompt``); the agent turns images past it into a text note. None: no limit
+    max_images: int | None = None
+
+    @property
+    def renderer(self) -> Renderer:
+        """What renders this policy's views: its pixel budget and patch size."""
+        return Renderer(self.media_budget, self.patch_factor)
 
     @abc.abstractmethod
-    def start(self, system_prompt: str, question: str, media: EpisodeMedia, seed: int = 0) -> Session:
-        """Encode the first prompt of an episode."""
+    def start(self, view: View, seed: int = 0, task: Task | None = None) -> Session:
+        """A new session holding the first prompt ``view`` (``task``: see :attr:`Session.task`)."""
 
     @abc.abstractmethod
     def generate(self, sessions: Sequence[Session], max_new_tokens: int) -> list[Generation]:
         """Generate the next turn of each session (appended to it) until a stop string."""
 
     @abc.abstractmethod
-    def observe(self, session: Session, observation: Observation) -> int:
-        """Append ``observation`` as prompt tokens; return how many tokens it added."""
-
-    @abc.abstractmethod
-    def visual_tokens(self, images: Sequence[Image.Image]) -> int:
-        """How many visual tokens these observation images would cost."""
+    def observe(self, session: Session, view: View) -> int:
+        """Append an observation ``view`` as prompt tokens; return how many tokens it added."""
 
     def end(self, session: Session) -> None:
         """Free what the session holds (caches). The token ids stay readable."""
@@ -213,3 +154,8 @@ class Policy(abc.ABC):
     def stream(self, max_new_tokens: int) -> TurnStream:
         """A :class:`TurnStream` for one ``run_batch``; the default generates in lock-step batches."""
         return TurnStream(self, max_new_tokens)
+
+    def model_inputs(self, session: Session) -> Any:
+        """The finished episode as one forward's inputs, for training to reuse instead of encoding it again
+        (the transformers backend); None where the backend has none."""
+        return None

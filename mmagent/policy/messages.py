@@ -1,18 +1,15 @@
-"""Conversations as chat messages: what the text-level backends (HTTP client, server, vLLM) share.
+"""Rendered views as OpenAI chat messages and back: the wire format of the HTTP client and ``mmagent serve``.
 
-The transformers backend builds its token ids segment by segment; the backends that talk text must
-produce *the same text*, or the model sees a different conversation. The rules, in one place:
+:func:`to_openai` maps the messages of a :class:`~mmagent.policy.render.View` to chat-completions messages:
+text parts verbatim, each image a ``data:image/png;base64,...`` URL (lossless: the server sees the pixels the
+client fitted), the video vLLM's frame-list form, ``data:video/jpeg;base64,<frame>,<frame>,...`` (vLLM splits
+it on commas and opens each frame with PIL, which reads the PNG frames written here whatever the media type
+says; its frame rate goes in ``mm_processor_kwargs["fps"]``). A system message of text only is sent as a
+string. A server that applies Qwen's chat template to these messages writes exactly :meth:`View.text`.
 
-* the first prompt is the model's chat template over ``[system, user]``, the user content being the
-  video (if any), the image (if any), then the question, in that order (as ``HFPolicy.start``);
-* an observation is a user turn whose text reproduces ``HFPolicy.observe`` exactly: ``<tool_response>``,
-  the observation text, one ``"{handle} ({label}): <image>"`` line per image, ``</tool_response>``;
-* later turns are ChatML, each image a ``<|vision_start|><|image_pad|><|vision_end|>`` placeholder.
-
-Images travel as ``data:image/png;base64,...`` URLs (lossless: the server sees the pixels the client
-fitted). A video travels as vLLM's frame-list form, ``data:video/jpeg;base64,<frame>,<frame>,...``:
-vLLM splits it on commas and opens each frame with PIL, which reads the PNG frames written here
-whatever the media type says; its frame rate goes in ``mm_processor_kwargs["fps"]``.
+:func:`from_openai` reads such messages back into renderer messages (images and frames decoded, not yet
+fitted) for ``mmagent serve``, which renders them with :meth:`Renderer.request
+<mmagent.policy.render.Renderer.request>`.
 """
 
 from __future__ import annotations
@@ -24,11 +21,8 @@ from typing import Any, Sequence
 
 from PIL import Image
 
-from mmagent.protocol import RESPONSE_CLOSE, RESPONSE_OPEN
+from mmagent.policy.render import Message, Part, VideoClip
 
-IM_START, IM_END = "<|im_start|>", "<|im_end|>"
-VISION_START, VISION_END = "<|vision_start|>", "<|vision_end|>"
-IMAGE_PAD, VIDEO_PAD = "<|image_pad|>", "<|video_pad|>"
 VIDEO_FRAMES_MIME = "video/jpeg"  # vLLM's name for a comma-separated list of base64 frames
 
 
@@ -103,24 +97,36 @@ def video_part(frames: Sequence[Image.Image]) -> dict[str, Any]:
     return {"type": "video_url", "video_url": {"url": video_data_url(frames)}}
 
 
-def image_names(handles: Sequence[str], labels: Sequence[str], n: int) -> list[str]:
-    """What each observation image is called in the text, as ``HFPolicy.observe`` writes it."""
-    handles = list(handles) or [f"image {k + 1}" for k in range(n)]
-    labels = list(labels) or [""] * n
-    return [f"{h} ({lab})" if lab else h for h, lab in zip(handles, labels)]
+def to_openai(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """Renderer messages as chat-completions messages (see the module docstring)."""
+    out = []
+    for m in messages:
+        if m.role == "system" and all(p.kind == "text" for p in m.parts):
+            out.append({"role": "system", "content": m.text})
+            continue
+        parts = [video_part(p.video.frames) if p.video is not None else image_part(p.image) if p.image is not None
+                 else text_part(p.text) for p in m.parts]
+        out.append({"role": m.role, "content": parts})
+    return out
 
 
-def observation_parts(text: str, images: Sequence[dict[str, Any]], names: Sequence[str]) -> list[dict[str, Any]]:
-    """Content parts of an observation turn; rendered by :func:`render_parts` they give exactly the text
-    ``HFPolicy.observe`` builds: ``<tool_response>\\n{text}\\n{name}: <image>...\\n</tool_response>``."""
-    parts: list[dict[str, Any]] = []
-    buf = RESPONSE_OPEN + "\n" + text
-    for part, name in zip(images, names):
-        parts.append(text_part(buf + "\n" + name + ": "))
-        parts.append(part)
-        buf = ""
-    parts.append(text_part(buf + "\n" + RESPONSE_CLOSE))
-    return parts
+def from_openai(messages: Sequence[dict[str, Any]], fps: float | None = None) -> list[Message]:
+    """Chat-completions messages (checked by :func:`content_parts`) as renderer messages, their data URLs
+    decoded; a video's frames get times at ``fps`` (default 2 frames a second, vLLM's default)."""
+    out = []
+    for k, msg in enumerate(messages):
+        parts = []
+        for p in content_parts(msg.get("content"), f"message {k}"):
+            if p["type"] == "text":
+                parts.append(Part(text=p["text"]))
+            elif p["type"] == "image_url":
+                parts.append(Part(image=decode_image_url(part_url(p))))
+            else:
+                frames = decode_video_url(part_url(p))
+                rate = fps or 2.0
+                parts.append(Part(video=VideoClip(frames, [i / rate for i in range(len(frames))], rate)))
+        out.append(Message(msg["role"], parts))
+    return out
 
 
 def content_parts(content: Any, where: str = "a message") -> list[dict[str, Any]]:
@@ -144,37 +150,3 @@ def part_url(part: dict[str, Any]) -> Any:
     """The URL of an image_url / video_url part (``{"url": ...}`` or a bare string)."""
     value = part.get(part["type"])
     return value.get("url") if isinstance(value, dict) else value
-
-
-def render_parts(parts: Sequence[dict[str, Any]]) -> str:
-    """Content parts as prompt text: text verbatim, each image or video a vision placeholder."""
-    out = []
-    for part in parts:
-        if part["type"] == "text":
-            out.append(part["text"])
-        elif part["type"] == "image_url":
-            out.append(VISION_START + IMAGE_PAD + VISION_END)
-        else:
-            out.append(VISION_START + VIDEO_PAD + VISION_END)
-    return "".join(out)
-
-
-def render_chatml(messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-    """Messages as Qwen's ChatML text (what Qwen2.5-VL's chat template writes for system/user/assistant)."""
-    out = []
-    if messages and messages[0].get("role") != "system":
-        out.append(f"{IM_START}system\nYou are a helpful assistant.{IM_END}\n")
-    for k, msg in enumerate(messages):
-        out.append(f"{IM_START}{msg['role']}\n{render_parts(content_parts(msg.get('content'), f'message {k}'))}"
-                   f"{IM_END}\n")
-    if add_generation_prompt:
-        out.append(f"{IM_START}assistant\n")
-    return "".join(out)
-
-
-def continuation(messages: Sequence[dict[str, Any]], close_turn: bool = True) -> str:
-    """The text after an assistant turn for the messages that follow it (observations), up to the next
-    ``<|im_start|>assistant\\n`` (``close_turn``: the assistant turn still needs its ``<|im_end|>``)."""
-    body = "".join(f"{IM_START}{'user' if m['role'] == 'tool' else m['role']}\n"
-                   f"{render_parts(content_parts(m.get('content'), 'a message'))}{IM_END}\n" for m in messages)
-    return (IM_END if close_turn else "") + "\n" + body + f"{IM_START}assistant\n"

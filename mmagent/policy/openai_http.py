@@ -1,9 +1,9 @@
 """A policy behind any OpenAI-compatible ``/v1/chat/completions`` endpoint (``vllm serve``, ``mmagent serve``, ...).
 
-The session keeps the conversation as chat messages (:mod:`mmagent.policy.messages`): the first user
-turn holds the video frames and the image the client sampled and sized with its own
-:class:`~mmagent.policy.base.MediaBudget`, exactly as the transformers backend would show them, and
-each observation is a user turn with its images as PNG data URLs. Every turn sends the whole
+The session keeps the conversation as chat messages (:mod:`mmagent.policy.messages`): each view the agent
+renders (:mod:`mmagent.policy.render`) becomes messages whose images are PNG data URLs and whose video is a
+list of frames, fitted by the client's own :class:`~mmagent.policy.render.MediaBudget` exactly as the
+transformers backend would show them; an observation is a user turn. Every turn sends the whole
 conversation; a server with prefix caching (vLLM, ``mmagent serve``) only computes what is new.
 
 Token-level fields stay empty: the server tokenizes, so the client never sees ids or a loss mask, and
@@ -11,9 +11,9 @@ these trajectories are for evaluation, not training. The agent's budgets still h
 
 * context: :attr:`HTTPSession.num_tokens` is the server's own count from the last answer
   (``usage.prompt_tokens + usage.completion_tokens``) plus an estimate for what was added since (the
-  observation's visual tokens, counted exactly for Qwen-style 28-pixel patches, and its text at about
+  view's visual tokens, counted by the renderer for Qwen-style 28-pixel patches, and its text at about
   three characters a token);
-* visual tokens: counted here from the sizes the images are sent at (what the server will see).
+* visual tokens: the renderer's count, from the sizes the images are sent at (what the server will see).
 
 Generation stops at the protocol's stop strings (``</tool_call>``, ``</answer>``). OpenAI-style servers
 leave the matched stop string out of the text; it is put back (from vLLM's ``stop_reason`` when the
@@ -38,19 +38,15 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from PIL import Image
-
-from mmagent.media import EpisodeMedia
-from mmagent.policy.base import (PATCH_FACTOR, Generation, MediaBudget, Policy, SamplingConfig, Session, TurnStream,
-                                 fit_image, fitted_size, visual_token_count)
-from mmagent.policy.messages import (image_names, image_part, observation_parts, text_part, video_part)
+from mmagent.policy.base import Generation, Policy, Session, TurnStream
+from mmagent.policy.messages import to_openai
+from mmagent.policy.render import PATCH_FACTOR, MediaBudget, View
+from mmagent.policy.sampling import SamplingConfig
 from mmagent.protocol import ANSWER_CLOSE, ANSWER_OPEN, CALL_CLOSE, CALL_OPEN, STOP_STRINGS
-from mmagent.toolbox.base import Observation
+from mmagent.trajectory import Task
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 RETRY_STATUS = {408, 409, 429}
-#: frames per temporal patch of Qwen2.5-VL's vision tower (video token count = ceil(frames / 2) * h * w / 28^2)
-TEMPORAL_PATCH = 2
 
 
 class OpenAIBackendError(RuntimeError):
@@ -193,37 +189,11 @@ class OpenAIPolicy(Policy):
                           num_tokens=completion)
 
     # ----- episode API ----------------------------------------------------------------------------
-    def _fit(self, image: Image.Image, min_pixels: int, max_pixels: int) -> Image.Image:
-        return fit_image(image, min_pixels, max_pixels, self.patch_factor)
-
-    def visual_tokens(self, images: Sequence[Image.Image]) -> int:
-        b = self.media_budget
-        return visual_token_count(images, b.observation_min_pixels, b.observation_max_pixels, self.patch_factor)
-
-    def start(self, system_prompt: str, question: str, media: EpisodeMedia, seed: int = 0) -> HTTPSession:
-        session = HTTPSession(media=media, seed=seed)
-        b, f = self.media_budget, self.patch_factor
-        content: list[dict[str, Any]] = []
-        visual = 0
-        if media.video is not None:
-            frames = media.video.sample_uniform(b.video_frames)
-            session.initial_frame_times = [fr.timestamp for fr in frames]
-            w, h = fitted_size(*frames[0].image.size, b.video_min_pixels, b.video_max_pixels, f)
-            # the same sizing as HFPolicy._fit_frames: one size for all frames, bicubic
-            fitted = [fr.image.convert("RGB").resize((w, h), Image.BICUBIC) for fr in frames]
-            media.set_view_size("video", (w, h))
-            session.fps = len(frames) / media.video.duration
-            content.append(video_part(fitted))
-            visual += math.ceil(len(fitted) / TEMPORAL_PATCH) * (h // f) * (w // f)
-        if media.image is not None:
-            image = self._fit(media.image, b.image_min_pixels, b.image_max_pixels)
-            media.set_view_size("image", image.size)
-            content.append(image_part(image))
-            visual += (image.height // f) * (image.width // f)
-        content.append(text_part(question))
-        session.messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": content}]
-        session.visual_tokens = visual
-        session.context_tokens = visual + estimate_text_tokens(system_prompt + question)
+    def start(self, view: View, seed: int = 0, task: Task | None = None) -> HTTPSession:
+        session = HTTPSession(seed=seed, task=task)
+        session.messages = to_openai(view.messages)
+        session.fps = next((clip.fps for clip in view.videos), None)
+        session.context_tokens = view.visual_tokens + estimate_text_tokens("".join(m.text for m in view.messages))
         return session
 
     def stream(self, max_new_tokens: int) -> TurnStream:
@@ -237,19 +207,10 @@ class OpenAIPolicy(Policy):
             futures = [pool.submit(self._complete, s, max_new_tokens) for s in sessions]
             return [fu.result() for fu in futures]
 
-    def observe(self, session: HTTPSession, observation: Observation) -> int:
-        b = self.media_budget
-        parts, visual = [], 0
-        for im, handle in zip(observation.images, observation.handles or [None] * len(observation.images)):
-            fitted = self._fit(im, b.observation_min_pixels, b.observation_max_pixels)
-            if handle:
-                session.media.set_view_size(handle, fitted.size)
-            parts.append(image_part(fitted))
-            visual += (fitted.height // self.patch_factor) * (fitted.width // self.patch_factor)
-        names = image_names(observation.handles, observation.image_labels, len(observation.images))
-        session.messages.append({"role": "user", "content": observation_parts(observation.text, parts, names)})
-        session.visual_tokens += visual
-        added = visual + estimate_text_tokens(observation.text) + 8 * (len(parts) + 2)
+    def observe(self, session: HTTPSession, view: View) -> int:
+        session.messages += to_openai(view.messages)
+        text = view.observation.text if view.observation is not None else "".join(m.text for m in view.messages)
+        added = view.visual_tokens + estimate_text_tokens(text) + 8 * (len(view.images) + 2)
         session.context_tokens += added
         return added
 

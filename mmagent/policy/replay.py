@@ -23,8 +23,8 @@ Script = Callable[[HFSession, int], "str | None"]
 class ReplayChooser:
     """Emit the scripted text of each turn, token by token, ignoring the model's logits.
 
-    ``script`` is a list of turn texts (the same for every episode), a dict from task id to such a
-    list, or a callable ``(session, turn) -> text``. Past the end of its script an episode gets an
+    ``script`` is a list of turn texts (the same for every episode), a dict from task id (the session's
+    :attr:`~mmagent.policy.base.Session.task`) to such a list, or a callable ``(session, turn) -> text``. Past the end of its script an episode gets an
     empty turn (end of turn at once), which the agent reports as a turn without an action.
     """
 
@@ -33,7 +33,7 @@ class ReplayChooser:
             self._script = script
         elif isinstance(script, dict):
             table = {k: list(v) for k, v in script.items()}
-            self._script = lambda s, t: _nth(table.get(s.info.get("task_id", ""), []), t)
+            self._script = lambda s, t: _nth(table.get(s.task.id if s.task is not None else "", []), t)
         else:
             turns = list(script)
             self._script = lambda s, t: _nth(turns, t)

@@ -3,20 +3,21 @@
 Install it on a GPU machine with ``pip install mmagent[vllm]``; vLLM is imported only when this backend is
 built, so everything else works without it.
 
-Each session keeps its prompt as text plus its media: the first prompt is rendered as ChatML with the
-video and image placeholders of Qwen2.5-VL (:func:`mmagent.policy.messages.render_chatml`, the text the
-chat template writes), and each observation appends the same ``<tool_response>`` turn ``HFPolicy``
-builds, its images as further ``<|image_pad|>`` placeholders. Every turn sends the whole prompt with all
-its images (``multi_modal_data={"image": [...], "video": [...]}``) to ``LLM.generate``, one request per
-open episode, so vLLM batches the episodes and its prefix cache (``enable_prefix_caching=True``) skips
-recomputing what earlier turns already ran. Frames and images are sized here within the media budget
-and passed with ``mm_processor_kwargs={"fps": ..., "do_resize": False}`` so the processor neither resizes
+Each session keeps its prompt as text plus its media: every view the agent renders
+(:mod:`mmagent.policy.render`) appends its ChatML text (:meth:`View.text`, the text the chat template
+writes, each image or video one placeholder) and its fitted images and video. Every turn sends the whole
+prompt with all its images (``multi_modal_data={"image": [...], "video": [...]}``) to ``LLM.generate``, one
+request per open episode, so vLLM batches the episodes and its prefix cache (``enable_prefix_caching=True``)
+skips recomputing what earlier turns already ran. The frames and images come sized by the renderer and
+are passed with ``mm_processor_kwargs={"fps": ..., "do_resize": False}`` so the processor neither resizes
 them nor guesses the frame rate (the M-RoPE time positions need it).
 
 ``limit_mm_per_prompt`` (vLLM refuses more images per prompt than it says, default 1) is set from
-``max_images`` (default 32) and one video; an episode that would go past it gets the extra images as a
-text note instead. By default token ids stay empty in the session (the engine tokenizes the text); each
-turn's generated ids and the engine's prompt count are recorded, which is what the agent's budgets need.
+``max_images`` (default 32) and one video; the agent turns images past it into a text note
+(:attr:`Policy.max_images`). By default token ids stay empty in the session (the engine tokenizes the text);
+each turn's generated ids and the engine's prompt count are recorded, which is what the agent's budgets
+need. An observation closes the assistant turn before it with ``<|im_end|>`` unless the turn's own ids
+already end with it (``token_in_out``; text from the engine leaves special tokens out).
 
 ``token_in_out=True`` (RL rollouts, :mod:`mmagent.training.rl`) records the episode as the trainer needs it:
 the prompt is sent as token ids — our tokenization of the text with one placeholder per image, which
@@ -37,16 +38,13 @@ from typing import Any, Sequence
 
 from PIL import Image
 
-from mmagent.media import EpisodeMedia
-from mmagent.policy.base import (PATCH_FACTOR, Generation, MediaBudget, Policy, Session, fit_image, fitted_size,
-                                 visual_token_count)
-from mmagent.policy.messages import IM_END, IM_START, IMAGE_PAD, VISION_END, VISION_START, image_names, render_chatml
-from mmagent.protocol import RESPONSE_CLOSE, RESPONSE_OPEN, STOP_STRINGS
-from mmagent.toolbox.base import Observation
+from mmagent.policy.base import Generation, Policy, Session
+from mmagent.policy.render import IM_END, PATCH_FACTOR, MediaBudget, View
+from mmagent.protocol import STOP_STRINGS
+from mmagent.trajectory import Task
 
 INSTALL_HINT = ("the vLLM backend needs the vllm package, which is not installed: on a machine with a CUDA GPU, "
                 "run `pip install mmagent[vllm]` (or use --backend hf, or --backend openai against `vllm serve`)")
-TEMPORAL_PATCH = 2
 
 
 class VLLMUnavailable(ImportError):
@@ -88,6 +86,7 @@ class VLLMPolicy(Policy):
         self.llm = llm
         self.token_in_out = token_in_out
         self.tokenizer = llm.get_tokenizer() if token_in_out else None
+        self.im_end_id = self.tokenizer.convert_tokens_to_ids(IM_END) if token_in_out else None
         self.media_budget = media_budget or MediaBudget()
         if temperature < 0 or not 0 < top_p <= 1:
             raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
@@ -102,10 +101,6 @@ class VLLMPolicy(Policy):
                         **engine_kwargs: Any) -> "VLLMPolicy":
         """Start an engine on ``model`` (hub id or folder); ``engine_kwargs`` go to ``vllm.LLM``."""
         vllm = import_vllm()
-        if media_budget is None:
-            from mmagent.policy.hf import saved_media_budget
-
-            media_budget = saved_media_budget(model) if _is_dir(model) else None
         kwargs: dict[str, Any] = {"model": model, "enable_prefix_caching": True, "seed": seed,
                                   "limit_mm_per_prompt": {"image": max_images, "video": 1},
                                   "gpu_memory_utilization": gpu_memory_utilization}
@@ -119,42 +114,20 @@ class VLLMPolicy(Policy):
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     # ----- episode API ----------------------------------------------------------------------------
-    def _fit(self, image: Image.Image, min_pixels: int, max_pixels: int) -> Image.Image:
-        return fit_image(image, min_pixels, max_pixels, self.patch_factor)
-
-    def visual_tokens(self, images: Sequence[Image.Image]) -> int:
-        b = self.media_budget
-        return visual_token_count(images, b.observation_min_pixels, b.observation_max_pixels, self.patch_factor)
-
-    def start(self, system_prompt: str, question: str, media: EpisodeMedia, seed: int = 0) -> VLLMSession:
-        import numpy as np
-
-        session = VLLMSession(media=media, seed=seed)
-        b, f = self.media_budget, self.patch_factor
-        content: list[dict[str, Any]] = []
-        if media.video is not None:
-            frames = media.video.sample_uniform(b.video_frames)
-            session.initial_frame_times = [fr.timestamp for fr in frames]
-            w, h = fitted_size(*frames[0].image.size, b.video_min_pixels, b.video_max_pixels, f)
-            fitted = [fr.image.convert("RGB").resize((w, h), Image.BICUBIC) for fr in frames]
-            fitted += [fitted[-1]] * (-len(fitted) % TEMPORAL_PATCH)  # whole temporal patches, as HFPolicy pads
-            media.set_view_size("video", (w, h))
-            session.video = np.stack([np.asarray(im) for im in fitted])
-            session.fps = len(frames) / media.video.duration
-            session.visual_tokens += len(fitted) // TEMPORAL_PATCH * (h // f) * (w // f)
-            content.append({"type": "video_url"})
-        if media.image is not None:
-            image = self._fit(media.image, b.image_min_pixels, b.image_max_pixels)
-            media.set_view_size("image", image.size)
-            session.images.append(image)
-            session.visual_tokens += (image.height // f) * (image.width // f)
-            content.append({"type": "image_url"})
-        content.append({"type": "text", "text": question})
-        session.prompt = render_chatml([{"role": "system", "content": system_prompt},
-                                        {"role": "user", "content": content}])
-        session.context_tokens = session.visual_tokens + math.ceil(len(session.prompt) / 3)
+    def _append(self, session: VLLMSession, view: View, text: str) -> int:
+        session.prompt += text
         if self.token_in_out:
-            session.prompt_ids = self._tokens(session.prompt)
+            session.prompt_ids += self._tokens(text)
+        session.images += view.images
+        for clip in view.videos:
+            session.video, session.fps = clip.array(), clip.fps
+        added = view.visual_tokens + math.ceil(len(text) / 3)
+        session.context_tokens += added
+        return added
+
+    def start(self, view: View, seed: int = 0, task: Task | None = None) -> VLLMSession:
+        session = VLLMSession(seed=seed, task=task)
+        self._append(session, view, view.text())
         return session
 
     def _request(self, session: VLLMSession) -> dict[str, Any]:
@@ -215,39 +188,9 @@ class VLLMPolicy(Policy):
         s.prompt_ids += ids
         return lps
 
-    def observe(self, session: VLLMSession, observation: Observation) -> int:
-        b = self.media_budget
-        lines = [RESPONSE_OPEN, observation.text]
-        names = image_names(observation.handles, observation.image_labels, len(observation.images))
-        added_visual, dropped = 0, 0
-        handles = observation.handles or [None] * len(observation.images)
-        for im, name, handle in zip(observation.images, names, handles):
-            if len(session.images) >= self.max_images:
-                dropped += 1
-                continue
-            fitted = self._fit(im, b.observation_min_pixels, b.observation_max_pixels)
-            if handle:
-                session.media.set_view_size(handle, fitted.size)
-            session.images.append(fitted)
-            added_visual += (fitted.height // self.patch_factor) * (fitted.width // self.patch_factor)
-            lines.append(f"{name}: {VISION_START}{IMAGE_PAD}{VISION_END}")
-        if dropped:
-            lines.append(f"({dropped} image(s) not shown: an episode holds at most {self.max_images} images here.)")
-        lines.append(RESPONSE_CLOSE)
-        text = f"{IM_END}\n{IM_START}user\n" + "\n".join(lines) + f"{IM_END}\n{IM_START}assistant\n"
-        session.prompt += text
-        if self.token_in_out:
-            session.prompt_ids += self._tokens(text)
-        session.visual_tokens += added_visual
-        added = added_visual + math.ceil(len(text) / 3)
-        session.context_tokens += added
-        return added
+    def observe(self, session: VLLMSession, view: View) -> int:
+        closed = bool(session.prompt_ids) and session.prompt_ids[-1] == self.im_end_id
+        return self._append(session, view, view.text(close_turn=not closed))
 
     def end(self, session: VLLMSession) -> None:
         session.images, session.video = [], None
-
-
-def _is_dir(path: str) -> bool:
-    import os
-
-    return os.path.isdir(os.path.expanduser(path))

@@ -100,7 +100,7 @@ def run_recipe(out: str | Path, sizes: RecipeSizes | None = None, device: str = 
         tasks = synth.build(train_dir, per_family=sizes.train_per_family, seed=0, progress=progress)
         synth.build(test_dir, per_family=sizes.test_per_family, seed=TEST_WORLD_SEED, progress=progress)
         write_sft_data(tasks, sft_tools, progress=progress)
-        no_tools = synth.oracle_agent(tasks, use_tools=False, offer_tools=False)
+        no_tools = synth.oracle_agent(use_tools=False, offer_tools=False)
         trajs, _, _ = synth.evaluate(no_tools, tasks, progress=progress)
         save_jsonl(trajs, sft_plain)  # every no-tool episode: a guess is what that policy can do
 
@@ -174,7 +174,7 @@ def reference_answers(model_dir: str | Path, test_dir: str | Path, per_family: i
 def install_default(out: str | Path, run: str = "SFT+DGRPO") -> Path:
     """Copy ``run``'s final model into mmagent's embedded default (``mmagent/assets/toy_policy``), labelled."""
     from mmagent.default_model import DEFAULT_MODEL_DIR
-    from mmagent.policy.hf import POLICY_FILE
+    from mmagent.policy.checkpoint import POLICY_FILE
 
     out = Path(out)
     source = out / RUNS[run] / "final"
