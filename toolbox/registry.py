@@ -51,8 +51,8 @@ def resolve_tools(tools: "list[str | Tool] | None", default: Callable[[], list[s
 
 def _load_builtin() -> None:
     # Importing the modules runs their @register decorators.
-    import toolbox.depth  # noqa: F401
-    import toolbox.frames  # noqa: F401
-    import toolbox.segment  # noqa: F401
-    import toolbox.web_search  # noqa: F401
-    import toolbox.zoom  # noqa: F401
+    import mmagent.toolbox.depth  # noqa: F401
+    import mmagent.toolbox.frames  # noqa: F401
+    import mmagent.toolbox.segment  # noqa: F401
+    import mmagent.toolbox.web_search  # noqa: F401
+    import mmagent.toolbox.zoom  # noqa: F401
