@@ -3,6 +3,10 @@
 ``get("videomme")`` gives a :class:`BenchSpec`; ``spec.module`` is the benchmark module (``load``, ``score``,
 ``summarise``); ``spec.load(data_dir, limit, **options)`` reads its tasks, passing on only the options
 that benchmark takes. An unknown name raises :class:`UnknownBenchmark` listing the known ones.
+
+:func:`score` is the one place an answer is judged: by the ``score`` of the task's own benchmark
+(``Task.benchmark``), the number ``mmagent eval`` reports and RL rewards pay; a task of the user's own
+(``benchmark == ""``) by :mod:`mmagent.eval.benchmarks.generic`, which is no benchmark and not listed here.
 """
 
 from __future__ import annotations
@@ -76,3 +80,18 @@ def get(name: str) -> BenchSpec:
 def module(name: str) -> ModuleType:
     """The benchmark module of ``name`` (has NAME, load, score, summarise)."""
     return get(name).module
+
+
+#: scores the tasks no benchmark owns
+GENERIC_SCORER = "mmagent.eval.benchmarks.generic"
+
+
+def score(task: Task, answer_text: str | None) -> dict[str, Any]:
+    """The task's own score of ``answer_text`` (always with a float ``"score"``): its benchmark's ``score``,
+    or the generic one for a task whose ``benchmark`` is "". An unknown name raises :class:`UnknownBenchmark`."""
+    if not task.benchmark:
+        return dict(importlib.import_module(GENERIC_SCORER).score(task, answer_text))
+    if task.benchmark not in BENCHMARKS:
+        raise UnknownBenchmark(f"task {task.id!r} names an unknown benchmark {task.benchmark!r}; known: "
+                               f"{', '.join(BENCHMARKS)} (or \"\" for a task of your own)")
+    return dict(module(task.benchmark).score(task, answer_text))

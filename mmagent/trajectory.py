@@ -31,6 +31,9 @@ class Task:
     options: list[str] | None = None
     answer: Any = None  # ground truth, when known
     metadata: dict[str, Any] = field(default_factory=dict)
+    #: the benchmark (a name in mmagent.eval.registry.BENCHMARKS) whose ``score`` judges the answers;
+    #: "" for a task of the user's own, which the generic scorer judges
+    benchmark: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.question, str) or not self.question.strip():

@@ -192,7 +192,7 @@ def test_a_runaway_tool_loop_is_stopped_by_the_turn_budget_and_priced(tiny_model
     assert traj.turns[-2].text.endswith("(This is your last turn: give your answer.)")
     parts = reward_parts(traj, RewardConfig())
     # no answer: no task score, no format; four calls beyond the one a video question needs
-    assert parts == {"task": 0.0, "format": 0.0, "tool_bonus": 0.0, "failed_calls": 0.0,
+    assert parts == {"task": 0.0, "place": 0.0, "format": 0.0, "tool_bonus": 0.0, "failed_calls": 0.0,
                      "excess_calls": pytest.approx(0.2), "total": pytest.approx(-0.2)}
 
 

@@ -11,7 +11,8 @@ from mmagent.eval.metrics import haversine_km
 from mmagent.trajectory import Task, ToolCallRecord, Trajectory, Turn
 from mmagent.training.advantages import AdvantageConfig, DifficultyTracker, compute_advantages, group_advantages
 from mmagent.training.losses import aggregate, policy_loss, sft_loss, token_logprobs
-from mmagent.training.rewards import RewardConfig, format_score, geolocation_reward, reward_parts, task_reward
+from mmagent.training.rewards import (RewardConfig, format_score, geolocation_reward, place_reward, reward_parts,
+                                     task_reward)
 
 # ----- rewards ------------------------------------------------------------------------------------------
 
@@ -38,8 +39,8 @@ MCQ = Task(question="Which colour?", task_type="video_qa", options=["A. red", "B
 def test_a_right_answer_after_one_useful_call_earns_every_term() -> None:
     parts = reward_parts(_episode(MCQ, _call() + [_answer("B")], "B"))
     # task 1 + 0.5 * format 1 + tool bonus 0.2, nothing charged
-    assert parts == {"task": 1.0, "format": 1.0, "tool_bonus": 0.2, "failed_calls": 0.0, "excess_calls": 0.0,
-                     "total": pytest.approx(1.7)}
+    assert parts == {"task": 1.0, "place": 0.0, "format": 1.0, "tool_bonus": 0.2, "failed_calls": 0.0,
+                     "excess_calls": 0.0, "total": pytest.approx(1.7)}
 
 
 def test_failed_malformed_and_excess_calls_are_charged() -> None:
@@ -83,19 +84,36 @@ PARIS = {"name": "Paris", "country_code": "FR", "admin1_code": "11", "lat": 48.8
          "geonameid": 2988507}
 
 
-def _geo(answer: str) -> float:
-    task = Task(question="Where?", task_type="geolocation", answer=PARIS, metadata={"family": "geolocation"})
-    return task_reward(_episode(task, [_answer(answer)], answer))
+def _geo(answer: str, cfg: RewardConfig | None = None) -> dict[str, float]:
+    """The reward parts of a toy-world geolocation answer (no tool calls) for a photo taken in Paris."""
+    task = Task(question="Where?", task_type="geolocation", answer=PARIS, metadata={"family": "geolocation"},
+                benchmark="synth")
+    return reward_parts(_episode(task, [_answer(answer)], answer), cfg)
 
 
-@pytest.mark.parametrize("point,tier", [((48.86, 2.35), 1.0),     # Paris itself: city
-                                        ((48.80, 2.13), 1.0),     # Versailles, 17 km: city by distance
-                                        ((45.75, 4.85), 0.25),    # Lyon: right country only
-                                        ((40.71, -74.0), 0.0)])   # New York: nothing
-def test_geolocation_reward_is_hierarchical(point: tuple[float, float], tier: float) -> None:
+@pytest.mark.parametrize("point,hit,tier", [((48.86, 2.35), True, 1.0),     # Paris itself: city
+                                            ((48.80, 2.13), True, 1.0),     # Versailles, 17 km: city by distance
+                                            ((45.75, 4.85), False, 0.25),   # Lyon: right country only
+                                            ((40.71, -74.0), False, 0.0)])  # New York: nothing
+def test_a_geolocation_hit_earns_the_task_score_and_a_miss_the_place_term(point: tuple[float, float], hit: bool,
+                                                                          tier: float) -> None:
+    parts = _geo(f"{point[0]}, {point[1]}")
     km = haversine_km(point, (PARIS["lat"], PARIS["lon"]))
-    expected = 0.8 * tier + 0.2 * math.exp(-km / 1492.7)
-    assert _geo(f"{point[0]}, {point[1]}") == pytest.approx(expected, rel=1e-6)
+    # the task term is the toy world's own score (1 within 25 km); only a miss is paid by how near it came
+    assert parts["task"] == (1.0 if hit else 0.0)
+    assert parts["place"] == (0.0 if hit else pytest.approx(0.8 * tier + 0.2 * math.exp(-km / 1492.7), rel=1e-6))
+    assert parts["total"] == pytest.approx(parts["task"] + parts["place"] + 0.5)  # + format 0.5 * 1
+
+
+def test_the_place_term_ranks_misses_and_scales_with_its_weight() -> None:
+    lyon, new_york = _geo("45.75, 4.85"), _geo("40.71, -74.0")
+    assert lyon["place"] > new_york["place"] > 0.0 == lyon["task"] == new_york["task"]
+    half = _geo("45.75, 4.85", RewardConfig(place_weight=0.5))
+    assert half["place"] == pytest.approx(lyon["place"] / 2) and half["task"] == 0.0
+    assert _geo("no idea")["place"] == 0.0  # no coordinates: infinitely far, nothing to pay
+    # a score without place parts (every other task) never earns it, nor does a hit
+    assert place_reward({"score": 0.0, "pred": "B"}) == 0.0
+    assert place_reward({"score": 1.0, "km": 3.0, "city": True, "region": True, "country": True}) == 0.0
 
 
 def test_geolocation_region_tier() -> None:

@@ -127,6 +127,20 @@ def test_trajectory_without_images_round_trips_and_needs_no_folder(tmp_path):
     assert_same(traj, loaded)
 
 
+def test_the_benchmark_that_scores_a_task_round_trips_and_old_lines_load_without_it(tmp_path):
+    traj = Trajectory(task=Task("Q?", id="v1", task_type="video_qa", answer="B", benchmark="videomme"),
+                      answer="B", stop_reason="answer")
+    save_jsonl([traj], tmp_path / "run.jsonl")
+    line = json.loads((tmp_path / "run.jsonl").read_text(encoding="utf-8"))
+    assert line["task"]["benchmark"] == "videomme"
+    (loaded,) = list(load_jsonl(tmp_path / "run.jsonl"))
+    assert loaded.task.benchmark == "videomme" and loaded.task == traj.task
+    del line["task"]["benchmark"]  # a line written before Task.benchmark existed
+    (tmp_path / "old.jsonl").write_text(json.dumps(line) + "\n", encoding="utf-8")
+    (old,) = list(load_jsonl(tmp_path / "old.jsonl"))
+    assert old.task.benchmark == "" and old.task.id == "v1" and old.answer == "B"
+
+
 def test_to_dict_with_images_needs_image_dir():
     with pytest.raises(ValueError, match="pass image_dir"):
         make_trajectory().to_dict()

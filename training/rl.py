@@ -58,9 +58,12 @@ TOOL_COLLAPSE_RATE = 0.1
 class RLConfig:
     #: hub id or folder of the starting checkpoint (usually the SFT result)
     model: str = ""
-    #: a toy-world folder (tasks.jsonl + media/) or another folder in that format
+    #: the folder of RL prompts, in the release layout of ``bench``
     data: str = ""
-    #: only these task families (default: all in the data)
+    #: which benchmark's loader reads ``data`` (any of ``mmagent eval --bench``'s names); rewards score its
+    #: tasks with that benchmark's own score
+    bench: str = "synth"
+    #: only these toy-world task families (default: all in the data; bench=synth only)
     families: list[str] | None = None
     output_dir: str = "runs/rl"
     steps: int = 20
@@ -108,14 +111,28 @@ class RLConfig:
             raise ValueError(f"unknown aggregation {self.aggregation!r}; use {', '.join(AGGREGATIONS)}")
         if self.rollout_backend not in ROLLOUT_BACKENDS:
             raise ValueError(f"unknown rollout_backend {self.rollout_backend!r}; use {', '.join(ROLLOUT_BACKENDS)}")
+        _check_bench(self.bench, self.families)
 
 
-def load_tasks(data: str, families: Sequence[str] | None = None) -> list[Task]:
-    from mmagent.eval.benchmarks import synth
+def _check_bench(bench: str, families: Sequence[str] | None) -> None:
+    from mmagent.eval.registry import BENCHMARKS
 
-    tasks = synth.load(data, families=families)
+    if bench not in BENCHMARKS:
+        raise ValueError(f"unknown bench {bench!r}; use one of {', '.join(BENCHMARKS)}")
+    if families is not None and bench != "synth":
+        raise ValueError(f"families picks toy-world task families, so it needs bench=synth, not bench={bench}; "
+                         "leave families unset")
+
+
+def load_tasks(data: str, families: Sequence[str] | None = None, bench: str = "synth") -> list[Task]:
+    """The RL prompts: the tasks in folder ``data`` as benchmark ``bench``'s own loader reads them (each
+    names its benchmark, whose score the rewards pay); ``families`` keeps only those toy-world families."""
+    from mmagent.eval import registry
+
+    _check_bench(bench, families)
+    tasks = registry.get(bench).load(data, families=families)
     if not tasks:
-        raise ValueError(f"no tasks in {data}" + (f" for families {list(families)}" if families else ""))
+        raise ValueError(f"no {bench} tasks in {data}" + (f" for families {list(families)}" if families else ""))
     return tasks
 
 
@@ -165,7 +182,7 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> dict[str, Any]:
     accelerator = Accelerator(log_with="tensorboard", project_dir=str(out), cpu=cfg.device == "cpu")
     policy = load_policy(cfg.model, cfg.budget, device=str(accelerator.device),
                          sampling=SamplingConfig(temperature=cfg.temperature, top_p=cfg.top_p))
-    tasks = load_tasks(cfg.data, cfg.families)
+    tasks = load_tasks(cfg.data, cfg.families, cfg.bench)
     reference = copy.deepcopy(policy.model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
     trainable = make_trainable(policy, cfg.lora, cfg.freeze_vision)
     optimizer = torch.optim.AdamW(trainable_parameters(trainable), lr=cfg.lr, weight_decay=cfg.weight_decay)

@@ -4,7 +4,8 @@ Each benchmark module (``videomme``, ``charades_sta``, ``geo``, ``vstar``) has t
 
 * ``NAME``;
 * ``load(data_dir, limit=None, **options) -> list[Task]`` reads the official release layout from a local
-  folder and raises :class:`DatasetError` saying exactly what is missing or malformed;
+  folder (each task's ``benchmark`` set to ``NAME``, so RL rewards score it with this module's ``score``)
+  and raises :class:`DatasetError` saying exactly what is missing or malformed;
 * ``score(task, answer_text) -> dict`` scores one answer (always with a float ``"score"``);
 * ``summarise(tasks, scores) -> dict[str, dict[str, float]]``: row name (``"overall"``, ``"duration/short"``,
   ...) -> metrics, each row with its ``n``. Shares are fractions in [0, 1], not percentages.

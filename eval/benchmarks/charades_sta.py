@@ -69,7 +69,7 @@ def load(data_dir: str | os.PathLike, limit: int | None = None, *, split: str = 
         meta = {"video_id": vid, "caption": caption, "start": start, "end": end, "duration": lengths.get(vid),
                 "source": where}
         tasks.append(Task(question=build_prompt(caption), video=str(file.resolve()), id=f"{vid}_{k:04d}",
-                          task_type="grounding", answer=[start, end], metadata=meta))
+                          task_type="grounding", answer=[start, end], metadata=meta, benchmark=NAME))
     check_media(missing, root, "Charades videos")
     check_unique(tasks, path)
     return tasks

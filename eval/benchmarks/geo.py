@@ -75,7 +75,7 @@ def load(data_dir: str | os.PathLike, limit: int | None = None, *,
         meta = {**item, "geonames_city": near.name, "country_code": near.country_code,
                 "admin1_code": near.admin1_code}
         tasks.append(Task(question=QUESTION, image=str(image.resolve()), id=item["id"], task_type="geolocation",
-                          answer=truth, metadata=meta))
+                          answer=truth, metadata=meta, benchmark=NAME))
     check_media(missing, root, "images")
     check_unique(tasks, path)
     return tasks

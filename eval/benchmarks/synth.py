@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -64,7 +64,7 @@ def build(out_dir: str | os.PathLike, per_family: int = 50, seed: int = 0,
     tmp = out / (TASKS_FILE + ".part")
     with open(tmp, "w", encoding="utf-8") as fh:
         for family, index in tqdm(jobs, desc="toy world", unit="item", disable=not progress):
-            task = make_item(family, index, seed, media, cfg)
+            task = replace(make_item(family, index, seed, media, cfg), benchmark=NAME)
             fh.write(json.dumps(asdict(task)) + "\n")
             tasks.append(task)
     os.replace(tmp, out / TASKS_FILE)
@@ -76,6 +76,7 @@ def build(out_dir: str | os.PathLike, per_family: int = 50, seed: int = 0,
 
 def _resolved(task: Task, media: Path) -> Task:
     data = asdict(task)
+    data["benchmark"] = NAME  # tasks.jsonl files written before Task.benchmark existed lack it
     for key in ("video", "image"):
         if data[key] is not None:
             data[key] = str(media / data[key])

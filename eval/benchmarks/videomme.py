@@ -110,7 +110,7 @@ def load(data_dir: str | os.PathLike, limit: int | None = None, *, subtitles: bo
             subtitle_text = subtitle_prompt_text(srt, video, subtitle_frames) if srt.is_file() else NO_SUBTITLES
         tasks.append(Task(question=build_prompt(item["question"], item["options"], prompt, subtitle_text),
                           video=str(video.resolve()), id=item["question_id"], task_type="video_qa",
-                          options=item["options"], answer=item["answer"], metadata=meta))
+                          options=item["options"], answer=item["answer"], metadata=meta, benchmark=NAME))
     check_media(missing, root, "Video-MME videos")
     check_unique(tasks, path, "question_id")
     return tasks

@@ -68,7 +68,8 @@ def load(data_dir: str | os.PathLike, limit: int | None = None, *,
         question = text if INSTRUCTION in text else text.rstrip() + "\n" + INSTRUCTION
         tasks.append(Task(question=question, image=str(image.resolve()), id=qid, task_type="image_qa",
                           options=[f"{x}. {o}" for x, o in options], answer=label,
-                          metadata={"category": field(row, "category", where), "question_id": qid, "image": rel}))
+                          metadata={"category": field(row, "category", where), "question_id": qid, "image": rel},
+                          benchmark=NAME))
     check_media(missing, root, "V* images")
     check_unique(tasks, path, "question_id")
     return tasks
