@@ -63,8 +63,10 @@ def time_fetch_video(path: Path, windows, num_frames: int) -> float:
 def time_floor(path: Path, windows, num_frames: int, backend: str) -> float:
     reader = open_video(path, backends=(backend,))
     idx = [[reader.index_at(t) for t in window_times(s, e, num_frames)] for s, e in windows]
-    if backend == "decord":
-        vr = reader._vr
+    if backend == "decord":  # decord's own reader, opened as mmagent's decord reader opens it
+        import decord
+
+        vr = decord.VideoReader(str(path), num_threads=1)
         t0 = time.perf_counter()
         for ids in idx:
             vr.get_batch(ids).asnumpy()

@@ -53,7 +53,7 @@ def qwen2_5_vl_7b_config(tokenizer: Any) -> Any:
 
 
 def build_policy(tiny: bool, device: str, frames: int, pixels: int, script: Sequence[str]) -> HFPolicy:
-    from transformers import Qwen2_5_VLForConditionalGeneration
+    from transformers import AutoModelForImageTextToText
 
     tokenizer = build_tokenizer()
     processor = build_processor(tokenizer, max_pixels=pixels * pixels)
@@ -61,7 +61,7 @@ def build_policy(tiny: bool, device: str, frames: int, pixels: int, script: Sequ
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     torch.manual_seed(0)
     with torch.device(device):  # random init straight on the device: no 15 GB pass through host memory
-        model = Qwen2_5_VLForConditionalGeneration._from_config(config, dtype=dtype)
+        model = AutoModelForImageTextToText.from_config(config, dtype=dtype)
     model.generation_config.eos_token_id = config.text_config.eos_token_id
     model.generation_config.pad_token_id = config.text_config.pad_token_id
     budget = MediaBudget(video_frames=frames, video_min_pixels=28 * 28 * 4, video_max_pixels=pixels * pixels,
