@@ -170,7 +170,7 @@ class Agent:
                         media_budget: MediaBudget | None = None, temperature: float = 0.0,
                         device: str | None = None, dtype: Any = None, **kwargs: Any) -> "Agent":
         """Load a transformers checkpoint (hub id or local folder) as the policy (device, dtype and pixel budget
-        by :mod:`mmagent.policy.loading`'s rule unless given)."""
+        by :mod:`mmagent.policy.placement`'s rule unless given)."""
         from mmagent.policy.loading import load_policy
         from mmagent.policy.sampling import SamplingConfig
 

@@ -292,7 +292,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
             media_budget = synth.load_config(args.data_dir).media_budget()
         elif args.model and args.backend != "openai":
-            from mmagent.policy.loading import budget_for
+            from mmagent.policy.placement import budget_for
 
             media_budget = budget_for(args.model, None)
         if args.frames is not None:

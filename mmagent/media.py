@@ -364,7 +364,7 @@ class EpisodeMedia:
         return handles
 
     def set_view_size(self, handle: str, size: tuple[int, int]) -> None:
-        """Record the (width, height) at which the model was shown ``handle``."""
+        """Record the (width, height) at which the model was shown ``handle`` (the agent records each view's)."""
         self._view_sizes[handle] = (int(size[0]), int(size[1]))
 
     def view_size(self, handle: str) -> tuple[int, int]:

@@ -13,7 +13,8 @@ from PIL import Image
 
 from mmagent.media import EpisodeMedia
 from mmagent.policy.hf import HFPolicy
-from mmagent.policy.messages import decode_image_url, decode_video_url, from_openai, to_openai
+from mmagent.policy.messages import (MessageError, decode_image_url, decode_video_url, from_openai, to_openai,
+                                     video_part)
 from mmagent.policy.openai_http import OpenAIPolicy
 from mmagent.policy.render import MediaBudget, Message, Part, Renderer, VideoClip, View
 from mmagent.policy.vllm_engine import VLLMPolicy
@@ -169,3 +170,5 @@ def test_wire_messages_read_back_to_the_same_view():
     assert raw.images[0].size == renderer.fit(Image.new("RGB", (500, 300)), "image").size
     sized = Image.new("RGB", (56, 28))
     assert renderer.request([Message("user", [Part(image=sized)])], False).images[0] is sized
+    with pytest.raises(MessageError, match="same size"):
+        from_openai([{"role": "user", "content": [video_part([Image.new("RGB", (56, 28)), Image.new("RGB", (28, 28))])]}])

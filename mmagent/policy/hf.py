@@ -30,7 +30,7 @@ from transformers import DynamicCache
 
 from mmagent.policy.base import Generation, Policy, Session, TurnStream
 from mmagent.policy.batching import DecodeStream, SharedPrefixes, TurnInProgress, forward_many
-from mmagent.policy.loading import budget_for, is_local, placement
+from mmagent.policy.placement import budget_for, is_local, placement
 from mmagent.policy.render import (IM_END, IMAGE_PAD, VIDEO_PAD, VISION_END, VISION_START, MediaBudget, Message,
                                    Part, VideoClip, View)
 from mmagent.policy.sampling import Sampler, SamplingConfig, TokenChooser
@@ -89,7 +89,7 @@ class HFPolicy(Policy):
     def from_pretrained(cls, name_or_path: str, device: str | None = None, dtype: Any = None,
                         media_budget: MediaBudget | None = None, **kwargs: Any) -> "HFPolicy":
         """Load ``name_or_path`` (a hub id such as ``Qwen/Qwen2.5-VL-7B-Instruct`` or a local folder) on
-        ``device`` in ``dtype`` (defaults: :func:`~mmagent.policy.loading.placement`).
+        ``device`` in ``dtype`` (defaults: :func:`~mmagent.policy.placement.placement`).
 
         A folder written by mmagent's trainers holds ``mmagent.json`` with the pixel budget it was trained
         at; that budget is used unless ``media_budget`` is given.

@@ -123,6 +123,8 @@ def from_openai(messages: Sequence[dict[str, Any]], fps: float | None = None) ->
                 parts.append(Part(image=decode_image_url(part_url(p))))
             else:
                 frames = decode_video_url(part_url(p))
+                if any(f.size != frames[0].size for f in frames):
+                    raise MessageError("the frames of a video_url must all have the same size")
                 rate = fps or 2.0
                 parts.append(Part(video=VideoClip(frames, [i / rate for i in range(len(frames))], rate)))
         out.append(Message(msg["role"], parts))
