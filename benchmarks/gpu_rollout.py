@@ -7,8 +7,8 @@ turn is scripted (``ReplayChooser``): the text is forced, but every prefill, dec
 tool call and cache operation is the real engine's. Each episode watches a synthetic 16 s video with
 ``--frames`` frames at up to ``--pixels`` x ``--pixels`` pixels, re-samples frames ``--turns - 1`` times and
 answers. Then one real RL update (the trainer's ``update_policy`` on the rollouts' own encoded inputs:
-forward, clipped policy loss, backward, AdamW step, gradient checkpointing on) runs on those rollouts, and the script prints its peak
-GPU memory.
+forward, clipped policy loss, backward, AdamW step, gradient checkpointing on) runs on those rollouts, and
+the script prints its peak GPU memory.
 
     python benchmarks/gpu_rollout.py                    # H200: about 3-5 minutes
     python benchmarks/gpu_rollout.py --tiny --device cpu --episodes 2 --frames 4 --pixels 112   # smoke run

@@ -16,7 +16,8 @@ from mmagent.training.recipes.toy_world import reference_answers
 
 def test_the_builtin_model_is_shipped_and_labelled() -> None:
     info = default_model_info()
-    assert "toy world ONLY" in info["label"] and info["recipe"].startswith("python -m mmagent.training.recipes.toy_world")
+    assert "toy world ONLY" in info["label"]
+    assert info["recipe"].startswith("python -m mmagent.training.recipes.toy_world")
     assert set(info["test_scores"]) == {*synth.FAMILIES, "overall"}
     assert info["training_s"] < 30 * 60
     assert len(info["reference"]["answers"]) == len(synth.FAMILIES) * info["reference"]["per_family"]

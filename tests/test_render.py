@@ -171,4 +171,5 @@ def test_wire_messages_read_back_to_the_same_view():
     sized = Image.new("RGB", (56, 28))
     assert renderer.request([Message("user", [Part(image=sized)])], False).images[0] is sized
     with pytest.raises(MessageError, match="same size"):
-        from_openai([{"role": "user", "content": [video_part([Image.new("RGB", (56, 28)), Image.new("RGB", (28, 28))])]}])
+        uneven = video_part([Image.new("RGB", (56, 28)), Image.new("RGB", (28, 28))])
+        from_openai([{"role": "user", "content": [uneven]}])

@@ -6,7 +6,8 @@ Run it with ``mmagent train sft --config configs/sft_synth.yaml [key=value ...]`
 * One micro-batch is one episode: every image and frame of every turn goes through the processor and the
   vision tower in one forward with its own M-RoPE positions (:mod:`mmagent.training.encode`); episodes are
   accumulated (``grad_accum`` per optimizer step) instead of padded together.
-* Loss only on the policy's tokens: prompt and observation tokens have mask 0 (:func:`mmagent.training.losses.sft_loss`).
+* Loss only on the policy's tokens: prompt and observation tokens have mask 0
+  (:func:`mmagent.training.losses.sft_loss`).
 * accelerate does devices, processes (each rank takes its share of the episodes), gradient accumulation,
   TensorBoard logging and the checkpoint state; ``resume: true`` continues from the latest checkpoint with
   the same data order, so a resumed run ends with the same weights as an uninterrupted one.

@@ -29,8 +29,8 @@ import re
 from pathlib import Path
 from typing import Any, Sequence
 
-from mmagent.eval.benchmarks.base import (ANNOTATIONS_HINT, DatasetError, check_media, check_unique, field, find_file, number, read_rows,
-                                  share)
+from mmagent.eval.benchmarks.base import (ANNOTATIONS_HINT, DatasetError, check_media, check_unique, field, find_file,
+                                          number, read_rows, share)
 from mmagent.eval.metrics import mean_iou, parse_interval, recall_at_iou, temporal_iou
 from mmagent.trajectory import Task
 

@@ -31,8 +31,8 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from mmagent.eval.benchmarks.base import (ANNOTATIONS_HINT, DatasetError, check_media, check_unique, field, find_file, groups, number,
-                                  read_rows, share)
+from mmagent.eval.benchmarks.base import (ANNOTATIONS_HINT, DatasetError, check_media, check_unique, field, find_file,
+                                          groups, number, read_rows, share)
 from mmagent.eval.metrics import Place, geo_accuracy_at, geo_match, median_km, parse_latlon, reverse_geocode
 from mmagent.trajectory import Task
 

@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any, Sequence
 from urllib.parse import parse_qs, urlparse
 
-from mmagent.eval.benchmarks.base import (ANNOTATIONS_HINT, DatasetError, check_media, check_unique, field, find_file, groups, option_letters,
-                                  read_rows)
+from mmagent.eval.benchmarks.base import (ANNOTATIONS_HINT, DatasetError, check_media, check_unique, field, find_file,
+                                          groups, option_letters, read_rows)
 from mmagent.eval.metrics import extract_option_letter
 from mmagent.trajectory import Task
 

@@ -24,8 +24,8 @@ import re
 from pathlib import Path
 from typing import Any, Sequence
 
-from mmagent.eval.benchmarks.base import (DatasetError, check_media, check_unique, field, find_file, groups, option_letters,
-                                  read_rows, share)
+from mmagent.eval.benchmarks.base import (DatasetError, check_media, check_unique, field, find_file, groups,
+                                          option_letters, read_rows, share)
 from mmagent.eval.metrics import extract_option_letter
 from mmagent.trajectory import Task
 

@@ -5,8 +5,9 @@ instead of a model, so an oracle episode runs through the real :class:`~mmagent.
 tools run on the item's media and their real observations come back. It is shown the very views the agent
 renders for a model (:mod:`mmagent.policy.render`: same pixel budget, same resizing), and it *reads its
 answers out of those views* with :mod:`mmagent.eval.synth.perception` — it knows where to look (the
-generator's layout, from the session's task) but never reads the answer from the ground truth. Reading text means picking, among the item's candidate texts
-(the options, or the city's name and three same-length decoys), the one the pixels match. So:
+generator's layout, from the session's task) but never reads the answer from the ground truth. Reading text
+means picking, among the item's candidate texts (the options, or the city's name and three same-length
+decoys), the one the pixels match. So:
 
 * with tools, a right answer proves the tool's observation carried the information (SFT cold-start
   trajectories are these episodes, with ``<think>`` lines saying what was seen);

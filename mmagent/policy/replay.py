@@ -24,8 +24,9 @@ class ReplayChooser:
     """Emit the scripted text of each turn, token by token, ignoring the model's logits.
 
     ``script`` is a list of turn texts (the same for every episode), a dict from task id (the session's
-    :attr:`~mmagent.policy.base.Session.task`) to such a list, or a callable ``(session, turn) -> text``. Past the end of its script an episode gets an
-    empty turn (end of turn at once), which the agent reports as a turn without an action.
+    :attr:`~mmagent.policy.base.Session.task`) to such a list, or a callable ``(session, turn) -> text``.
+    Past the end of its script an episode gets an empty turn (end of turn at once), which the agent reports
+    as a turn without an action.
     """
 
     def __init__(self, script: Sequence[str] | dict[str, Sequence[str]] | Script) -> None:
