@@ -102,7 +102,7 @@ def build_processor(tokenizer, min_pixels: int = 28 * 28, max_pixels: int = 112 
                                video_processor=video_processor, chat_template=CHAT_TEMPLATE)
 
 
-def tiny_config(tokenizer, hidden_size: int = 64, num_layers: int = 2):
+def tiny_config(tokenizer, hidden_size: int = 64, num_layers: int = 2, vision_width: int = 32, vision_depth: int = 2):
     """A Qwen2_5_VLConfig a few hundred KB in size, with the real M-RoPE and windowed vision tower."""
     from transformers import Qwen2_5_VLConfig
 
@@ -119,8 +119,9 @@ def tiny_config(tokenizer, hidden_size: int = 64, num_layers: int = 2):
             "bos_token_id": ids("<|endoftext|>"), "eos_token_id": ids("<|im_end|>"),
             "pad_token_id": ids("<|endoftext|>"),
         },
-        vision_config={"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
-                       "out_hidden_size": hidden_size, "fullatt_block_indexes": [1], "window_size": 112,
+        vision_config={"depth": vision_depth, "hidden_size": vision_width, "intermediate_size": 2 * vision_width,
+                       "num_heads": max(2, vision_width // 16), "out_hidden_size": hidden_size,
+                       "fullatt_block_indexes": [vision_depth - 1], "window_size": 112,
                        "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2},
         image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
         vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
@@ -128,8 +129,8 @@ def tiny_config(tokenizer, hidden_size: int = 64, num_layers: int = 2):
     )
 
 
-def build_tiny_qwen2_5_vl(path: str | os.PathLike, seed: int = 0, hidden_size: int = 64, num_layers: int = 2
-                          ) -> Path:
+def build_tiny_qwen2_5_vl(path: str | os.PathLike, seed: int = 0, hidden_size: int = 64, num_layers: int = 2,
+                          vision_width: int = 32, vision_depth: int = 2) -> Path:
     """Write a tiny random Qwen2.5-VL checkpoint (model, tokenizer, processor) to ``path``."""
     import torch
     from transformers import Qwen2_5_VLForConditionalGeneration
@@ -137,7 +138,8 @@ def build_tiny_qwen2_5_vl(path: str | os.PathLike, seed: int = 0, hidden_size: i
     torch.manual_seed(seed)
     tokenizer = build_tokenizer()
     processor = build_processor(tokenizer)
-    config = tiny_config(tokenizer, hidden_size=hidden_size, num_layers=num_layers)
+    config = tiny_config(tokenizer, hidden_size=hidden_size, num_layers=num_layers, vision_width=vision_width,
+                         vision_depth=vision_depth)
     model = Qwen2_5_VLForConditionalGeneration(config).eval()
     model.generation_config.eos_token_id = config.text_config.eos_token_id
     model.generation_config.pad_token_id = config.text_config.pad_token_id

@@ -252,9 +252,21 @@ def test_cli_builds_a_toy_world(tmp_path: Path, capsys: pytest.CaptureFixture) -
 
     assert main(["synth", str(tmp_path / "w"), "--per-family", "1", "--families", "image_qa,grounding"]) == 0
     out = capsys.readouterr().out
-    assert "| image_qa | 1 | 1.000 |" in out
+    assert "| image_qa | 1 | 1.000 ± 0.000 |" in out
     scores = json.loads((tmp_path / "w" / "oracle_scores.json").read_text())
     assert set(scores) == {"oracle", "no-tool oracle"}
     assert len(list(load_jsonl(tmp_path / "w" / "sft" / "oracle.jsonl"))) == 2
     assert main(["synth", str(tmp_path / "x"), "--families", "nope"]) == 2
     assert "unknown toy-world families" in capsys.readouterr().err
+
+
+def test_summaries_carry_standard_errors(tmp_path: Path) -> None:
+    from mmagent.eval.synth.scoring import standard_error, summarise
+
+    assert standard_error([1.0]) == 0.0
+    assert standard_error([0.0, 1.0, 0.0, 1.0]) == pytest.approx((1 / 3) ** 0.5 / 2)
+    tasks = [make_item("image_qa", i, 5, tmp_path) for i in range(2)]
+    tasks += [make_item("video_qa", 0, 5, tmp_path)]
+    rows = summarise(tasks, [{"score": 1.0}, {"score": 0.0}, {"score": 1.0}])
+    assert rows["image_qa"]["se"] == pytest.approx(0.5) and rows["video_qa"]["se"] == 0.0
+    assert rows["overall"]["se"] == pytest.approx(0.5 / 2)

@@ -184,31 +184,3 @@ def test_cached_episodes_train_exactly_as_re_encoded_ones(fresh_model: Path, sft
     cached = _sft(fresh_model, sft_data, tmp_path / "cached", max_steps=8, save_every=0, cache_episodes=True)
     assert cached["param_fingerprint"] == pytest.approx(plain["param_fingerprint"], rel=1e-12, abs=1e-12)
     assert cached["loss"] == pytest.approx(plain["loss"], rel=1e-9)
-
-
-def test_copy_drills_repeat_their_string_and_warm_up_learns_its_texts(fresh_model: Path, tmp_path: Path) -> None:
-    import random
-    import shutil
-
-    from transformers import AutoModelForImageTextToText, AutoProcessor
-
-    from mmagent.training.recipes.text_warmup import copy_drill, warm_up
-
-    rng = random.Random(0)
-    for _ in range(20):
-        d = copy_drill(rng, list(range(50, 60)))
-        assert any(d[:k] == d[-k:] for k in range(8, min(48, len(d) // 2) + 1))
-    model_dir = tmp_path / "base"
-    shutil.copytree(fresh_model, model_dir)
-    texts = ["What colour is the shape that appears between 5 s and 11 s?\n<think>The question is about 5-11 s."]
-    ids = AutoProcessor.from_pretrained(model_dir).tokenizer(texts, return_tensors="pt")["input_ids"]
-
-    def text_loss() -> float:
-        model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
-        with torch.no_grad():
-            return float(model(input_ids=ids, labels=ids).loss)
-
-    before = text_loss()
-    result = warm_up(model_dir, texts, steps=120, batch_size=4, drill_share=0.5, progress=False)
-    after = text_loss()  # the model was saved back in place
-    assert result["seconds"] > 0 and after < 0.25 * before, (before, after)

@@ -8,8 +8,9 @@
 * ``image_qa`` — a 1344x1344 scene with small coloured tags, each bearing one character in fine print
   (see :mod:`mmagent.eval.synth.render`); the policy sees it at 168x168, where a tag is a plain 3x4-pixel dot.
   ``zoom`` makes the character readable.
-* ``geolocation`` — a scene with a green road sign naming a real city from the offline gazetteer in the
-  same fine print; ``zoom`` reads it, ``web_search`` gives its coordinates.
+* ``geolocation`` — a scene with a green road sign naming one of :data:`CITY_COUNT` large real cities (one
+  closed list for every world) in the same fine print; ``zoom`` reads it, ``web_search`` gives its
+  coordinates.
 
 Every item comes with its ground truth, a difficulty level (easy / medium / hard: longer videos, wider
 windows, shorter segments, more distractor tags and signs) and what the oracles need (where the event
@@ -204,15 +205,16 @@ def make_grounding(cfg: SynthConfig, rng: np.random.Generator, item_id: str, lev
 
     video = render.write_video(media_dir / f"{item_id}.mp4", n_frames, draw, cfg.fps)
     truth = [k0 / cfg.fps, (k0 + length) / cfg.fps]
-    question = (f"When is the whole screen {target}? Answer with the start and end times in seconds "
-                "as [start, end].")
+    question = (f"This video is {duration} s long. When is the whole screen {target}? Answer with the start and "
+                "end times in seconds as [start, end].")
     return Task(question=question, video=video.name, id=item_id, task_type="grounding", answer=truth,
                 metadata={"colour": target, "duration": float(duration), "colours": sorted(set(colours))})
 
 
 # ----- image detail QA ---------------------------------------------------------------------------------
-_IMAGE_QA_LEVELS = {"easy": (0, string.digits), "medium": (2, string.digits),
-                    "hard": (4, string.digits + string.ascii_uppercase)}
+#: (distractor tags, the characters a tag may bear): digits at every level, so that what a zoom shows (a
+#: 20x28-pixel glyph, about 3x4 vision patches) is learnable by a tiny model; harder items have more tags
+_IMAGE_QA_LEVELS = {"easy": (0, string.digits), "medium": (2, string.digits), "hard": (4, string.digits)}
 
 
 def _place(rng: np.random.Generator, size: tuple[int, int], taken: list[tuple[int, int, int, int]],
@@ -220,8 +222,10 @@ def _place(rng: np.random.Generator, size: tuple[int, int], taken: list[tuple[in
     """A box of ``size`` inside ``area`` = (x1, y1, x2, y2), at least ``gap`` pixels from the ``taken`` ones."""
     w, h = size
     x1, y1, x2, y2 = area
-    for _ in range(10000):
-        x, y = int(rng.integers(x1, x2 - w)), int(rng.integers(y1, y2 - h))
+    cell = render.CHECKER_CELL
+    for _ in range(10000):  # on whole checker cells, so each font pixel holds whole cells (zero mean)
+        x = int(rng.integers(x1, x2 - w)) // cell * cell
+        y = int(rng.integers(y1, y2 - h)) // cell * cell
         if all(x + w + gap <= tx or tx + tw + gap <= x or y + h + gap <= ty or ty + th + gap <= y
                for tx, ty, tw, th in taken):
             return x, y, w, h
@@ -233,7 +237,9 @@ def _label_meta(text: str, box: tuple[int, int, int, int], colour: str, candidat
             "candidates": candidates}
 
 
-def make_image_qa(cfg: SynthConfig, rng: np.random.Generator, item_id: str, level: str, media_dir: Path) -> Task:
+def image_qa_scene(cfg: SynthConfig, rng: np.random.Generator, level: str
+                   ) -> tuple[np.ndarray, list[str], list[str], list[tuple[int, int, int, int]]]:
+    """The canvas of an image QA item and its tags: (canvas, texts, colours, boxes); the first tag is asked."""
     n_distractors, symbols = _IMAGE_QA_LEVELS[level]
     n = cfg.image_size
     canvas = render.scene((n, n), rng)
@@ -244,6 +250,12 @@ def make_image_qa(cfg: SynthConfig, rng: np.random.Generator, item_id: str, leve
         box = _place(rng, render.label_size(1), boxes, (48, 48, n - 48, n - 48), gap=48)
         boxes.append(box)
         render.draw_label(canvas, text, box, LABEL_PALETTE[colour], rng)
+    return canvas, texts, colours, boxes
+
+
+def make_image_qa(cfg: SynthConfig, rng: np.random.Generator, item_id: str, level: str, media_dir: Path) -> Task:
+    symbols = _IMAGE_QA_LEVELS[level][1]
+    canvas, texts, colours, boxes = image_qa_scene(cfg, rng, level)
     path = media_dir / f"{item_id}.png"
     Image.fromarray(canvas).save(path)
     options, letter = _mcq(rng, texts[0], list(symbols))
@@ -287,43 +299,60 @@ def _bm25() -> Any:
 
 
 _GEO_LEVELS = {"easy": 0, "medium": 2, "hard": 4}
+#: cities the signs name: one closed list shared by every world (training and test), as a real model's
+#: pretraining has seen the world's big cities; the largest the offline search resolves
+CITY_COUNT = 24
+#: every sign is as wide as the longest name, so the sign's size in the first look says nothing of the name
+SIGN_CHARS = 9
 
 
-def make_geolocation(cfg: SynthConfig, rng: np.random.Generator, item_id: str, level: str, media_dir: Path) -> Task:
-    pool = city_pool()
-    for _ in range(200):
-        city = pool[int(rng.integers(len(pool)))]
+@functools.lru_cache(maxsize=4)
+def sign_cities(count: int = CITY_COUNT) -> tuple[dict[str, Any], ...]:
+    """The ``count`` largest cities of :func:`city_pool` whose name the offline search resolves."""
+    chosen = []
+    for city in city_pool(max_chars=SIGN_CHARS):
         if _search_finds(city["name"]):
-            break
-    else:  # pragma: no cover
-        raise RuntimeError("no city the offline search resolves")
-    name = city["name"].upper()
-    same_length = [c for c in pool if len(c["name"]) == len(name) and c["name"].upper() != name]
-    decoys = [same_length[int(i)] for i in rng.choice(len(same_length), size=3, replace=False)]
-    candidates = [name] + [d["name"].upper() for d in decoys]
+            chosen.append(city)
+            if len(chosen) == count:
+                return tuple(chosen)
+    raise RuntimeError(f"the offline search resolves only {len(chosen)} cities; {count} were asked")  # pragma: no cover
+
+
+def geolocation_scene(cfg: SynthConfig, rng: np.random.Generator, level: str, name: str
+                      ) -> tuple[np.ndarray, list[str], list[tuple[int, int, int, int]]]:
+    """The canvas of a geolocation item: (canvas, sign texts, sign boxes (x, y, w, h)); the first names the city."""
     n = cfg.image_size
     canvas = render.scene((n, n), rng)
     boxes: list[tuple[int, int, int, int]] = []
     signs = [(name, SIGN_COLOUR)] + [(str(rng.choice(SIGN_WORDS)), str(c)) for c in
                                     rng.choice([c for c in TAG_COLOURS if c != SIGN_COLOUR],
                                                size=_GEO_LEVELS[level], replace=False)]
+    size = render.label_size(SIGN_CHARS)
     for text, colour in signs:
-        size = render.label_size(len(text))
         box = _place(rng, (size[0], size[1] + 28), boxes, (48, 48, n - 48, n - 48), gap=48)
         boxes.append(box)
         x, y, w, _ = box
         canvas[y + size[1]:y + size[1] + 28, x + w // 2 - 2:x + w // 2 + 2] = (60, 60, 60)  # the sign's post
         render.draw_label(canvas, text, (x, y, size[0], size[1]), LABEL_PALETTE[colour], rng)
+    return canvas, [t for t, _ in signs], [(x, y, *size) for x, y, _, _ in boxes]
+
+
+def make_geolocation(cfg: SynthConfig, rng: np.random.Generator, item_id: str, level: str, media_dir: Path) -> Task:
+    pool = sign_cities()
+    picks = rng.choice(len(pool), size=4, replace=False)
+    city, decoys = pool[int(picks[0])], [pool[int(i)] for i in picks[1:]]
+    name = city["name"].upper()
+    candidates = [name] + [d["name"].upper() for d in decoys]
+    canvas, texts, boxes = geolocation_scene(cfg, rng, level, name)
     path = media_dir / f"{item_id}.png"
     Image.fromarray(canvas).save(path)
-    sign_box = (boxes[0][0], boxes[0][1], *render.label_size(len(name)))
     truth = {k: city[k] for k in ("name", "lat", "lon", "country_code", "admin1_code", "geonameid")}
     question = ("This photo was taken in the city named on the green road sign. Where is that? "
                 "Answer with its latitude and longitude in degrees as <answer>lat, lon</answer>.")
-    label = _label_meta(name, sign_box, SIGN_COLOUR, candidates)
+    label = _label_meta(name, boxes[0], SIGN_COLOUR, candidates)
     label["candidate_coords"] = [[city["lat"], city["lon"]]] + [[d["lat"], d["lon"]] for d in decoys]
     return Task(question=question, image=path.name, id=item_id, task_type="geolocation", answer=truth,
-                metadata={"label": label, "distractors": [t for t, _ in signs[1:]]})
+                metadata={"label": label, "distractors": texts[1:]})
 
 
 MAKERS: dict[str, Callable[..., Task]] = {

@@ -25,7 +25,8 @@ from typing import Sequence
 
 from PIL import Image
 
-from mmagent.eval.synth.families import LETTERS, SynthConfig, option_values
+from mmagent.eval.synth.families import EVENT_COLOURS, LETTERS, SynthConfig, option_values
+from mmagent.eval.synth.render import SHAPES
 from mmagent.eval.synth.perception import (blob_colour, classify_shape, find_shape, frame_colour,
                                            read_label_by_synthesis, read_label_sharp)
 from mmagent.policy.base import Generation, Policy, Session
@@ -36,10 +37,12 @@ from mmagent.trajectory import Task
 
 #: the toolbox the toy world's tasks need
 SYNTH_TOOLS = ("resample_frames", "zoom", "web_search")
-#: stop refining a grounding boundary once it is bracketed this tightly (seconds)
-BOUNDARY_TOLERANCE_S = 1.5
-#: pixels of the view added around a label when zooming on it
-ZOOM_MARGIN = 1
+#: view pixels of the oracle's zoom box around a tag (a tag is about 5x6 view pixels: +-5 pixels of slack)
+TAG_ZOOM_SIDE = 16
+#: least height of the zoom box around a sign (the sign is about 29x6 view pixels)
+SIGN_ZOOM_SIDE = 12
+#: a grounding boundary is refined until the frames bracket it this tightly (seconds)
+BOUNDARY_TOLERANCE_S = 0.3
 
 
 @dataclass
@@ -101,6 +104,11 @@ def next_turn(state: OracleState, cfg: SynthConfig, use_tools: bool) -> str:
     return plan[family](state, cfg, use_tools)
 
 
+def article(word: str) -> str:
+    """``word`` with its indefinite article: "a red", "an orange"."""
+    return ("an " if word[:1].lower() in "aeiou" else "a ") + word
+
+
 def _answer(think: str, answer: str) -> str:
     return f"<think>{think}</think>\n<answer>{answer}</answer>"
 
@@ -114,8 +122,9 @@ def _guess(task: Task) -> str:
     return LETTERS[zlib.crc32(task.id.encode()) % len(task.options or LETTERS)]
 
 
-def _read_event(task: Task, frames: Sequence[tuple[float, Image.Image]]) -> tuple[str, float] | None:
-    """The option value the frames show (the largest flash among them) and its time, or None."""
+def _read_event(task: Task, frames: Sequence[tuple[float, Image.Image]]) -> tuple[tuple[str, str], float] | None:
+    """((colour, shape), time) of the largest flash among the frames, or None; the asked attribute is read
+    among the options' values."""
     best = None
     for t, im in frames:
         mask = find_shape(im)
@@ -125,8 +134,10 @@ def _read_event(task: Task, frames: Sequence[tuple[float, Image.Image]]) -> tupl
         return None
     t, im, mask = best
     values = option_values(task)
-    value = blob_colour(im, mask, values) if task.metadata["asks"] == "colour" else classify_shape(mask, values)
-    return value, t
+    asks_colour = task.metadata["asks"] == "colour"
+    colour = blob_colour(im, mask, values if asks_colour else EVENT_COLOURS)
+    shape = classify_shape(mask, SHAPES if asks_colour else values)
+    return (colour, shape), t
 
 
 def _video_qa(state: OracleState, cfg: SynthConfig, use_tools: bool) -> str:
@@ -142,9 +153,9 @@ def _video_qa(state: OracleState, cfg: SynthConfig, use_tools: bool) -> str:
         seen = _read_event(task, frames)
         if seen is None:
             return _answer(f"I see nothing between {w0} s and {w1} s, so I guess.", _guess(task))
-        value, t = seen
-        thing = "colour" if task.metadata["asks"] == "colour" else "shape"
-        return _answer(f"The frame at {t:.2f}s shows the {thing}: {value}.", LETTERS[values.index(value)])
+        (colour, shape), t = seen
+        value = colour if task.metadata["asks"] == "colour" else shape
+        return _answer(f"The frame at {t:.2f}s shows {article(colour)} {shape}.", LETTERS[values.index(value)])
     return _call(f"The question is about {w0}-{w1} s; my first frames skip that moment. I will look closer.",
                  "resample_frames", {"start": float(w0), "end": float(w1), "num_frames": cfg.probe_frames})
 
@@ -167,35 +178,65 @@ def _grounding_brackets(samples: list[tuple[float, bool]], fps: float, duration:
     return start, end
 
 
+def _hits(state: OracleState, index: int, colour: str) -> list[tuple[float, bool]]:
+    """(time, shows ``colour``) of each frame of observation ``index``, as its label writes the time."""
+    names = state.task.metadata["colours"]
+    times = state.observations[index].data.get("timestamps", [])
+    return [(round(t, 2), frame_colour(im, names) == colour) for t, im in zip(times, state.shown[index])]
+
+
 def _grounding(state: OracleState, cfg: SynthConfig, use_tools: bool) -> str:
+    """With tools: look at the whole video with labelled frames, then between the last frame before the colour
+    and the first frame of it until they are at most :data:`BOUNDARY_TOLERANCE_S` apart, the same at the end,
+    and answer from the first frame of the colour to the first frame after it. Every number the plan writes
+    is a frame time a tool printed (copying, not arithmetic: a tiny policy can learn it)."""
     task = state.task
     colour = task.metadata["colour"]
-    names = task.metadata["colours"]
     duration = float(task.metadata["duration"])
-    samples = [(t, frame_colour(im, names) == colour) for t, im in state.first_frames]
-    for obs, shown in zip(state.observations, state.shown):
-        samples += [(t, frame_colour(im, names) == colour) for t, im in zip(obs.data.get("timestamps", []), shown)]
-    brackets = _grounding_brackets(samples, cfg.fps, duration)
-    if brackets is None:
+    if not use_tools:
+        names = task.metadata["colours"]
+        brackets = _grounding_brackets([(t, frame_colour(im, names) == colour) for t, im in state.first_frames],
+                                       cfg.fps, duration)
+        if brackets is None:
+            return _answer(f"I never see a {colour} screen, so I guess the whole video.", f"[0.0, {duration:.1f}]")
+        (s_lo, s_hi), (e_lo, e_hi) = brackets
+        s, e = (s_lo + s_hi) / 2, (e_lo + e_hi) / 2
+        return _answer(f"The screen is {colour} from about {s:.1f}s to {e:.1f}s.", f"[{s:.1f}, {e:.1f}]")
+    if not state.observations:
+        return _call(f"I will look at the whole {duration:g} s video with labelled frames to find the {colour} "
+                     "screen.", "resample_frames", {"start": 0.0, "end": duration, "num_frames": cfg.probe_frames})
+    samples = [s for k in range(len(state.observations)) for s in _hits(state, k, colour)]
+    hits = sorted(t for t, on in samples if on)
+    if not hits:
         return _answer(f"I never see a {colour} screen, so I guess the whole video.", f"[0.0, {duration:.1f}]")
-    (s_lo, s_hi), (e_lo, e_hi) = brackets
-    if use_tools:
-        for (lo, hi), which in (((s_lo, s_hi), "starts"), ((e_lo, e_hi), "ends")):
-            if hi - lo > BOUNDARY_TOLERANCE_S:
-                return _call(f"The screen turns {colour} somewhere between {lo:.2f}s and {hi:.2f}s where it "
-                             f"{which}; I will look closer there.", "resample_frames",
-                             {"start": round(lo, 2), "end": round(hi, 2), "num_frames": cfg.probe_frames})
-    s, e = (s_lo + s_hi) / 2, (e_lo + e_hi) / 2
-    return _answer(f"The screen is {colour} from about {s:.1f}s to {e:.1f}s.", f"[{s:.1f}, {e:.1f}]")
+    first, last = hits[0], hits[-1]
+    before = max((t for t, on in samples if not on and t < first), default=0.0)
+    after = min((t for t, on in samples if not on and t > last), default=duration)
+    if first - before > BOUNDARY_TOLERANCE_S:
+        return _call(f"The screen turns {colour} between {before:.2f}s and {first:.2f}s. I will look closer there.",
+                     "resample_frames", {"start": before, "end": first, "num_frames": cfg.probe_frames})
+    if after - last > BOUNDARY_TOLERANCE_S:
+        return _call(f"The screen stops being {colour} between {last:.2f}s and {after:.2f}s. I will look closer "
+                     "there.", "resample_frames", {"start": last, "end": after, "num_frames": cfg.probe_frames})
+    return _answer(f"The screen turns {colour} at {first:.2f}s and is no longer {colour} at {after:.2f}s.",
+                   f"[{first:.2f}, {after:.2f}]")
 
 
-def _view_box(state: OracleState, box: Sequence[int]) -> list[int]:
-    """The label's box in the pixels of the view the policy saw, with a margin."""
-    src_w, src_h = state.source_size
-    vw, vh = state.first_image.size
+def zoom_box(box: Sequence[int], source_size: tuple[int, int], view_size: tuple[int, int], side: int) -> list[int]:
+    """The zoom box (view pixels) for a label at ``box`` = (x, y, w, h) of the source: at least ``side`` pixels
+    each way and the label's size plus 4, centred on the label (so a box a few pixels off still holds the
+    whole label: the zoom tolerates it)."""
+    (src_w, src_h), (vw, vh) = source_size, view_size
     x, y, w, h = box
-    return [max(0, math.floor(x * vw / src_w) - ZOOM_MARGIN), max(0, math.floor(y * vh / src_h) - ZOOM_MARGIN),
-            min(vw, math.ceil((x + w) * vw / src_w) + ZOOM_MARGIN), min(vh, math.ceil((y + h) * vh / src_h) + ZOOM_MARGIN)]
+    cx, cy = (x + w / 2) * vw / src_w, (y + h / 2) * vh / src_h
+    bw, bh = max(side, math.ceil(w * vw / src_w) + 4), max(side, math.ceil(h * vh / src_h) + 4)
+    x1 = min(max(0, round(cx - bw / 2)), vw - bw)
+    y1 = min(max(0, round(cy - bh / 2)), vh - bh)
+    return [x1, y1, x1 + bw, y1 + bh]
+
+
+def _view_box(state: OracleState, box: Sequence[int], side: int) -> list[int]:
+    return zoom_box(box, state.source_size, state.first_image.size, side)
 
 
 def _read_zoomed_label(state: OracleState, label: dict) -> str | None:
@@ -230,7 +271,7 @@ def _image_qa(state: OracleState, cfg: SynthConfig, use_tools: bool) -> str:
         return _answer(f"The {label['colour']} tag is tiny; it looks most like {text}.", LETTERS[values.index(text)])
     if not state.observations:
         return _call(f"The {label['colour']} tag is too small to read. I will zoom in on it.", "zoom",
-                     {"bbox": _view_box(state, label["box"]), "source": "image"})
+                     {"bbox": _view_box(state, label["box"], TAG_ZOOM_SIDE), "source": "image"})
     text = _read_zoomed_label(state, label)
     if text is None:
         return _answer("The zoom missed the tag, so I guess.", _guess(task))
@@ -270,7 +311,7 @@ def _geolocation(state: OracleState, cfg: SynthConfig, use_tools: bool) -> str:
         text = _read_zoomed_label(state, label)
         if text is None:
             return _answer("The zoom missed the sign, so I guess.", "0.00, 0.00")
-        return _call(f"The green sign reads {text.title()}. I will search for where that is.", "web_search",
+        return _call(f"The zoomed green sign reads {text.title()}. I will search for where that is.", "web_search",
                      {"query": text.title()})
     return _call("The green road sign is too small to read. I will zoom in on it.", "zoom",
-                 {"bbox": _view_box(state, label["box"]), "source": "image"})
+                 {"bbox": _view_box(state, label["box"], SIGN_ZOOM_SIDE), "source": "image"})

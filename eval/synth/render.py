@@ -4,10 +4,11 @@ Everything here is deterministic given its random generator. Two rules keep the 
 honest, and the tests check both:
 
 * Small text exists only at the finest scale. Glyphs are the 5x7 font (:mod:`mmagent.eval.synth.font`) with
-  each font pixel a 2x2 block of a lighter and a darker shade of the label's colour in a checker, so
-  every block averages exactly to the label's colour and has no tilt either way. An antialiased shrink
-  (the policy's view is an 8x bicubic one) averages each block away: the view shows a plain coloured
-  label whatever it says, while a zoomed crop, enlarged, shows the checkered glyphs clearly.
+  each font pixel a 4x4 block of 2x2-pixel cells of a lighter and a darker shade of the label's colour in
+  a checker, so every block averages exactly to the label's colour and has no tilt either way. An
+  antialiased shrink (the policy's view is an 8x bicubic one) averages the blocks away: the view shows a
+  plain coloured label whatever it says, while a zoomed crop, enlarged, shows the checkered glyphs
+  clearly (a glyph is 20x28 source pixels: about 3x4 vision patches after a 16-view-pixel zoom).
 * Video events are placed between the frames the policy samples for its first look, so that look
   cannot contain them (the family generators enforce it; see :mod:`mmagent.eval.synth.families`).
 """
@@ -99,8 +100,10 @@ LABEL_PALETTE: dict[str, RGB] = {
     "orange": (183, 126, 72),
 }
 
-#: canvas pixels per font pixel: each font pixel is one 2x2 checker block, whose mean and tilt are zero
-FONT_SCALE = 2
+#: canvas pixels per font pixel: each font pixel is a 2x2 block of checker cells, whose mean and tilt are zero
+FONT_SCALE = 4
+#: side of one checker cell (canvas pixels)
+CHECKER_CELL = 2
 
 
 def text_bitmap(text: str) -> np.ndarray:
@@ -129,11 +132,13 @@ def text_offset(text: str, size: tuple[int, int], shift: tuple[int, int] = (0, 0
 def checker_ink(bitmap: np.ndarray, background: RGB, origin: tuple[int, int],
                 contrast: int = INK_CONTRAST) -> np.ndarray:
     """A float (h, w, 3) patch: ``background`` where ``bitmap`` is False, and on its ink a pixel checker of
-    ``background + contrast`` / ``background - contrast`` whose phase follows the canvas position
-    ``origin`` (x, y) of the patch's top-left pixel. Each 2x2 block of ink holds two of each shade."""
+    ``background + contrast`` / ``background - contrast`` in cells of :data:`CHECKER_CELL` pixels whose
+    phase follows the canvas position ``origin`` (x, y) of the patch's top-left pixel. Each font pixel of
+    ink holds two cells of each shade."""
     h, w = bitmap.shape
     yy, xx = np.mgrid[0:h, 0:w]
-    sign = np.where((xx + yy + origin[0] + origin[1]) % 2 == 0, 1.0, -1.0)
+    c = CHECKER_CELL
+    sign = np.where(((xx + origin[0]) // c + (yy + origin[1]) // c) % 2 == 0, 1.0, -1.0)
     patch = np.empty((h, w, 3), float)
     patch[:] = background
     patch[bitmap] += (sign[bitmap] * contrast)[:, None]

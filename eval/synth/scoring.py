@@ -7,7 +7,8 @@
 * ``geolocation``: 1 within 25 km of the city (city level); the summary adds accuracy within
   1/25/200/750/2500 km, country and region accuracy (reverse geocoded) and the median error.
 
-``chance`` is what guessing scores on each family: 1/4 for the multiple-choice ones; for grounding and
+Every summary row carries ``se``, the standard error of its mean (``overall``: of the mean of the family
+means). ``chance`` is what guessing scores on each family: 1/4 for the multiple-choice ones; for grounding and
 geolocation there is no letter to guess, so the no-tool oracle's score is compared instead.
 """
 
@@ -55,7 +56,7 @@ def summarise(tasks: Sequence[Task], scores: Sequence[dict[str, Any]]) -> dict[s
     out: dict[str, dict[str, float]] = {}
     for family, rows in by_family.items():
         vals = [s["score"] for _, s in rows]
-        row: dict[str, float] = {"n": len(rows), "score": sum(vals) / len(vals)}
+        row: dict[str, float] = {"n": len(rows), "score": sum(vals) / len(vals), "se": standard_error(vals)}
         for level in ("easy", "medium", "hard"):
             lv = [s["score"] for t, s in rows if t.metadata.get("difficulty") == level]
             if lv:
@@ -71,8 +72,19 @@ def summarise(tasks: Sequence[Task], scores: Sequence[dict[str, Any]]) -> dict[s
             row["median_km"] = median_km(kms)
         out[family] = row
     if out:
-        out["overall"] = {"n": len(scores), "score": sum(r["score"] for r in out.values()) / len(out)}
+        k = len(out)
+        out["overall"] = {"n": len(scores), "score": sum(r["score"] for r in out.values()) / k,
+                          "se": math.sqrt(sum(r["se"] ** 2 for r in out.values())) / k}
     return out
+
+
+def standard_error(values: Sequence[float]) -> float:
+    """The standard error of the mean of ``values`` (sample standard deviation / sqrt(n); 0 for n < 2)."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
 
 
 def _share(flags: Iterable[bool]) -> float:
@@ -80,14 +92,19 @@ def _share(flags: Iterable[bool]) -> float:
     return sum(bool(f) for f in flags) / len(flags) if flags else math.nan
 
 
+def _cell(row: dict[str, float]) -> str:
+    return f"{row['score']:.3f} ± {row['se']:.3f}" if "se" in row else f"{row['score']:.3f}"
+
+
 def format_table(results: dict[str, dict[str, dict[str, float]]]) -> str:
-    """A Markdown table: one row per family, one column per run (e.g. oracle, no-tool oracle, a model)."""
+    """A Markdown table: one row per family, one column per run (e.g. oracle, no-tool oracle, a model); each
+    score with its standard error."""
     runs = list(results)
     families = [f for f in ("video_qa", "grounding", "image_qa", "geolocation", "overall")
                 if any(f in results[r] for r in runs)]
     lines = ["| family | n | " + " | ".join(runs) + " |", "|---|---|" + "---|" * len(runs)]
     for f in families:
         n = next(int(results[r][f]["n"]) for r in runs if f in results[r])
-        cells = [f"{results[r][f]['score']:.3f}" if f in results[r] else "-" for r in runs]
+        cells = [_cell(results[r][f]) if f in results[r] else "-" for r in runs]
         lines.append(f"| {f} | {n} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -6,14 +6,15 @@ each skipped when its result is already in the output folder (so a killed run co
 
 1. data — a training world (seed 0) and a held-out test world (seed 1) from :mod:`mmagent.eval.benchmarks.synth`;
    the tool oracle's episodes on the training world are the SFT data, the no-tool oracle's the baseline's;
-2. base — a tiny random Qwen2.5-VL (:func:`mmagent.tiny.build_tiny_qwen2_5_vl`, own tokenizer), given a
-   few minutes of language warm-up on the training episodes' texts and copy drills
-   (:mod:`mmagent.training.recipes.text_warmup`), as a real base model is pretrained;
-3. sft — the cold start on the tool oracle's episodes; sft_notools — the same on the no-tool episodes;
+2. base — a tiny random Qwen2.5-VL (:func:`mmagent.tiny.build_tiny_qwen2_5_vl`, own tokenizer) pre-trained on
+   drills (:mod:`mmagent.training.pretrain`): fresh rounds every step that teach it to copy and to name what
+   the toy world draws, as a real VLM's pre-training does (never the evaluation items);
+3. sft — the cold start on the tool oracle's episodes; sft_notools — the same on the no-tool episodes, from
+   the same pre-trained base, run without tools: the comparison isolates the tools;
 4. grpo and dgrpo — RL from the SFT model on the training world's tasks, GRPO vs DGRPO advantages,
    everything else equal (same seed, same prompts per step);
 5. eval — greedy episodes on the test world for: no tools, SFT, SFT+GRPO, SFT+DGRPO; written as
-   ``results.json`` and ``results.md`` with the wall-clock time of every stage.
+   ``results.json`` and ``results.md`` (each score with its standard error) with the time of every stage.
 
 The sizes below are the shipped default model's; ``--quick`` shrinks everything to check the recipe runs.
 """
@@ -30,8 +31,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mmagent.eval.benchmarks import synth
-from mmagent.trajectory import load_jsonl, save_jsonl
-from mmagent.training.recipes.text_warmup import episode_text, warm_up
+from mmagent.trajectory import save_jsonl
+from mmagent.training.pretrain import PretrainConfig, drill_accuracy, pretrain
 from mmagent.training.rl import RLConfig, train_rl
 from mmagent.training.sft import SFTConfig, train_sft
 from mmagent.training.synth_data import write_sft_data
@@ -43,11 +44,14 @@ class RecipeSizes:
     test_per_family: int = 50
     hidden_size: int = 128
     num_layers: int = 4
-    #: language warm-up of the random base (:mod:`mmagent.training.recipes.text_warmup`)
-    warmup_steps: int = 800
-    warmup_drill_share: float = 0.5
-    sft_epochs: int = 5
-    sft_lr: float = 2e-3
+    #: width of the vision tower (a probe: 32 wide it learned 6 shapes to 0.33, 64 wide to 0.73)
+    vision_width: int = 64
+    #: drill pre-training (:mod:`mmagent.training.pretrain`)
+    pretrain_steps: int = 1200
+    pretrain_rounds: int = 16
+    pretrain_lr: float = 2e-3
+    sft_epochs: int = 3
+    sft_lr: float = 1e-3
     #: one episode per optimizer step: a tiny model learns faster from more, noisier steps
     sft_grad_accum: int = 1
     rl_steps: int = 12
@@ -59,13 +63,16 @@ class RecipeSizes:
     #: new tokens per turn (the oracle's longest turn is about 100)
     max_new_tokens: int = 112
     #: test items of each family that are evaluated
-    eval_per_family: int = 25
+    eval_per_family: int = 50
+    #: fresh drill rounds per kind scored after pre-training (0: skip)
+    drill_eval: int = 20
 
 
-QUICK = RecipeSizes(train_per_family=3, test_per_family=2, hidden_size=64, num_layers=2, warmup_steps=3,
-                    sft_epochs=1, rl_steps=2, rl_prompts=2, rl_group=2, eval_per_family=2)
+QUICK = RecipeSizes(train_per_family=3, test_per_family=2, hidden_size=64, num_layers=2, vision_width=32,
+                    pretrain_steps=4, pretrain_rounds=2, sft_epochs=1, rl_steps=2, rl_prompts=2, rl_group=2,
+                    eval_per_family=2, drill_eval=1)
 
-WARMUP_FILE = "warmup.json"
+PRETRAIN_FILE = "pretrain.json"
 #: test items of each family whose greedy answers the installed model records, for tests to reproduce
 REFERENCE_PER_FAMILY = 3
 TEST_WORLD_SEED = 1
@@ -106,13 +113,17 @@ def run_recipe(out: str | Path, sizes: RecipeSizes | None = None, device: str = 
 
     _stage(out, "data", sft_plain, data, timings)
     def base() -> None:
-        build_tiny_qwen2_5_vl(out / "base", seed=0, hidden_size=sizes.hidden_size, num_layers=sizes.num_layers)
-        texts = [episode_text(t) for t in load_jsonl(sft_tools)]
-        result = warm_up(out / "base", texts, steps=sizes.warmup_steps, drill_share=sizes.warmup_drill_share,
-                         progress=progress)
-        (out / "base" / WARMUP_FILE).write_text(json.dumps(result, indent=2))
+        build_tiny_qwen2_5_vl(out / "random", seed=0, hidden_size=sizes.hidden_size, num_layers=sizes.num_layers,
+                              vision_width=sizes.vision_width)
+        cfg = PretrainConfig(model=str(out / "random"), output_dir=str(out / "base"), steps=sizes.pretrain_steps,
+                             rounds_per_step=sizes.pretrain_rounds, lr=sizes.pretrain_lr, device=device)
+        result = pretrain(cfg, progress=progress)
+        if sizes.drill_eval:
+            result["drill_accuracy"] = drill_accuracy(str(out / "base"), per_kind=sizes.drill_eval, device=device)
+            print(f"[base] drill accuracy: {result['drill_accuracy']}", flush=True)
+        (out / "base" / PRETRAIN_FILE).write_text(json.dumps(result, indent=2))
 
-    _stage(out, "base", out / "base" / WARMUP_FILE, base, timings)
+    _stage(out, "base", out / "base" / PRETRAIN_FILE, base, timings)
 
     def sft(name: str, data_path: Path) -> Callable[[], None]:
         cfg = SFTConfig(model=str(out / "base"), data=[str(data_path)], output_dir=str(out / name),

@@ -1,0 +1,271 @@
+"""Drills: fresh, never-repeating practice items that name what the toy world draws.
+
+A real VLM comes to its agent training able to see and to copy: it was pre-trained on billions of
+captioned images and documents. A tiny random model has neither, and a few hundred SFT episodes give
+its vision one to three supervised tokens each. Drills stand in for that pre-training. Each is one
+*round* of a conversation: what a tool (or the first look) shows, then the words an agent would write
+about it, drawn with the toy world's own renderers from a fresh random generator every time (never the
+evaluation items):
+
+* ``flash`` — eight labelled frames of a video-QA window as ``resample_frames`` returns them; one to three
+  frames show a coloured shape (or none do): "The frame at 47.25s shows a red star."
+* ``screen`` — eight labelled frames of a grounding video: the colour of every frame with its time.
+* ``tag`` / ``sign`` — a zoom (the real tool) on a tag or a road sign, the box a few pixels off as a
+  model's would be: "The zoomed red tag reads 7." / "The green sign reads Tokyo."
+* ``where`` — a scene at the first look's size: the zoom box around the named tag or the green sign.
+* ``window`` / ``whole`` / ``search`` / ``option`` — language: copy a question's window or length into a
+  ``resample_frames`` call, copy a search result's coordinates (fresh cities of the whole gazetteer,
+  hemisphere letters to signs) into an answer, pick the option letter that names what was seen.
+
+Every answer is written the way the oracle's turns write it (:mod:`mmagent.eval.synth.oracle`), so that
+what is drilled here is what the SFT episodes later need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+from PIL import Image
+
+from mmagent.eval.synth import render
+from mmagent.eval.synth.families import (EVENT_COLOURS, LABEL_PALETTE, LETTERS, PALETTE, SIGN_CHARS, SIGN_COLOUR,
+                                         SIGN_WORDS, TAG_COLOURS, SynthConfig, _IMAGE_QA_LEVELS, city_pool,
+                                         geolocation_scene, image_qa_scene, sign_cities)
+from mmagent.eval.synth.oracle import SIGN_ZOOM_SIDE, TAG_ZOOM_SIDE, _answer, _call, article, zoom_box
+from mmagent.eval.synth.render import SHAPES
+from mmagent.toolbox.base import Observation
+from mmagent.toolbox.frames import draw_time, window_times
+
+#: the drills a mix can name
+KINDS = ("flash", "screen", "tag", "sign", "where", "window", "whole", "search", "option")
+#: kinds that show pixels (the perception drills); the rest are text only (the language drills)
+PERCEPTION = ("flash", "screen", "tag", "sign", "where")
+
+
+@dataclass
+class Round:
+    """One round: ``shown`` as a tool observation (labelled images) or as a first look (``view``, an image at
+    the first look's size, with ``text`` as the question); then ``answer``, what the policy should write."""
+
+    kind: str
+    answer: str
+    text: str = ""
+    observation: Observation | None = None
+    view: Image.Image | None = None
+    meta: dict = field(default_factory=dict)
+
+
+def _frame_times(rng: np.random.Generator, cfg: SynthConfig, span: tuple[float, float]) -> tuple[float, float, list[float]]:
+    """A window of ``span`` seconds somewhere in a video and the frame times ``resample_frames`` returns in it."""
+    length = float(rng.uniform(*span))
+    start = round(float(rng.uniform(0, 180 - length)), int(rng.integers(0, 3)))
+    end = round(start + length, 2)
+    times = [np.floor(t * cfg.fps + 1e-6) / cfg.fps for t in window_times(start, end, cfg.probe_frames)]
+    return start, end, times
+
+
+def _frames_observation(frames: Sequence[np.ndarray], times: Sequence[float], start: float, end: float) -> Observation:
+    """Frames as the ``resample_frames`` tool returns them: each stamped with its time, listed in the text."""
+    images = []
+    for frame, t in zip(frames, times):
+        arr = np.ascontiguousarray(frame.copy())
+        draw_time(arr, t)
+        images.append(Image.fromarray(arr))
+    labels = [f"{t:.2f}s" for t in times]
+    text = (f"Video clip from {start:.2f} to {end:.2f} seconds: {len(images)} frames at " + ", ".join(labels)
+            + " (times are seconds from the start of the video).")
+    return Observation(text=text, images=images, image_labels=labels, data={"timestamps": list(times)})
+
+
+def flash(rng: np.random.Generator, cfg: SynthConfig) -> Round:
+    start, end, times = _frame_times(rng, cfg, (6, 12))
+    s = cfg.frame_size
+    backdrop = render.drifting_backdrop(s, rng)
+    shape, colour = str(rng.choice(SHAPES)), str(rng.choice(EVENT_COLOURS))
+    mask = render.shape_mask(shape, (float(rng.uniform(0.4, 0.6) * s), float(rng.uniform(0.4, 0.6) * s)),
+                             float(rng.uniform(0.45, 0.5) * s), (s, s))
+    n = len(times)
+    shown = set()
+    if rng.random() > 0.1:
+        first = int(rng.integers(n))
+        shown = set(range(first, min(n, first + int(rng.integers(1, 4)))))
+    frames = []
+    for k, t in enumerate(times):
+        frame = backdrop(round(t * cfg.fps))
+        if k in shown:
+            frame[mask] = PALETTE[colour]
+        frames.append(frame)
+    obs = _frames_observation(frames, times, start, end)
+    if not shown:
+        return Round("flash", f"No frame between {start:.2f}s and {end:.2f}s shows a shape.", observation=obs)
+    t = times[min(shown)]
+    return Round("flash", f"The frame at {t:.2f}s shows {article(colour)} {shape}.", observation=obs,
+                 meta={"colour": colour, "shape": shape, "time": t})
+
+
+def screen(rng: np.random.Generator, cfg: SynthConfig) -> Round:
+    start, end, times = _frame_times(rng, cfg, (2, 90))
+    names = list(PALETTE)
+    colours, prev = [], None
+    k = 0
+    while len(colours) < len(times):  # runs of one colour, neighbours differ
+        c = str(rng.choice([n for n in names if n != prev]))
+        colours += [c] * int(rng.integers(1, 5))
+        prev = c
+    colours = colours[:len(times)]
+    s = cfg.frame_size
+    blocker = render.muted(rng, 40, 80)
+    frames = []
+    for t, c in zip(times, colours):
+        frame = np.empty((s, s, 3), np.uint8)
+        frame[:] = PALETTE[c]
+        x = int((s - 16) * (0.5 + 0.5 * np.sin(round(t * cfg.fps) / 15.0)))
+        frame[s - 24:s - 8, x:x + 16] = blocker
+        frames.append(frame)
+        k += 1
+    obs = _frames_observation(frames, times, start, end)
+    answer = "The screen is " + ", ".join(f"{c} at {t:.2f}s" for t, c in zip(times, colours)) + "."
+    return Round("screen", answer, observation=obs, meta={"colours": colours})
+
+
+def _zoom_round(kind: str, rng: np.random.Generator, cfg: SynthConfig, canvas: np.ndarray,
+                box: tuple[int, int, int, int], side: int, answer: str, colour: str, text: str) -> Round:
+    """Zoom (the real tool) on ``box`` of ``canvas``, the box moved by up to 3 view pixels each way."""
+    from mmagent.media import EpisodeMedia
+    from mmagent.toolbox.zoom import Zoom
+
+    image = Image.fromarray(canvas)
+    view = (round(image.width / 8), round(image.height / 8))
+    bbox = zoom_box(box, image.size, view, side)
+    dx, dy = (int(v) for v in rng.integers(-3, 4, size=2))
+    bbox = [bbox[0] + dx, bbox[1] + dy, bbox[2] + dx, bbox[3] + dy]
+    media = EpisodeMedia(image=image)
+    media.set_view_size("image", view)
+    obs = Zoom().run({"bbox": bbox, "source": "image"}, media)
+    return Round(kind, answer, observation=obs, meta={"bbox": bbox, "label_box": list(box), "text": text,
+                                                      "background": list(LABEL_PALETTE[colour])})
+
+
+def _patch_scene(rng: np.random.Generator, size: tuple[int, int]) -> np.ndarray:
+    return render.scene(size, rng, buildings=3)
+
+
+def tag(rng: np.random.Generator, cfg: SynthConfig) -> Round:
+    canvas = _patch_scene(rng, (320, 320))
+    colour, text = str(rng.choice(TAG_COLOURS)), str(rng.choice(list(_IMAGE_QA_LEVELS["easy"][1])))
+    w, h = render.label_size(1)
+    x, y = (int(v) // render.CHECKER_CELL * render.CHECKER_CELL for v in rng.integers(100, 320 - 100 - w, size=2))
+    render.draw_label(canvas, text, (x, y, w, h), LABEL_PALETTE[colour], rng)
+    return _zoom_round("tag", rng, cfg, canvas, (x, y, w, h), TAG_ZOOM_SIDE,
+                       f"The zoomed {colour} tag reads {text}.", colour, text)
+
+
+def sign(rng: np.random.Generator, cfg: SynthConfig) -> Round:
+    canvas = _patch_scene(rng, (512, 320))
+    if rng.random() < 0.8:
+        colour, text = SIGN_COLOUR, str(rng.choice([c["name"] for c in sign_cities()])).upper()
+    else:
+        colour, text = str(rng.choice(TAG_COLOURS)), str(rng.choice(SIGN_WORDS))
+    w, h = render.label_size(SIGN_CHARS)
+    x = int(rng.integers(80, 512 - 80 - w)) // 2 * 2
+    y = int(rng.integers(80, 320 - 80 - h)) // 2 * 2
+    render.draw_label(canvas, text, (x, y, w, h), LABEL_PALETTE[colour], rng)
+    return _zoom_round("sign", rng, cfg, canvas, (x, y, w, h), SIGN_ZOOM_SIDE,
+                       f"The zoomed {colour} sign reads {text.title()}.", colour, text)
+
+
+def where(rng: np.random.Generator, cfg: SynthConfig) -> Round:
+    from mmagent.eval.synth.families import LEVELS, fitted_size
+
+    level = str(rng.choice(LEVELS))
+    view = fitted_size(cfg.image_size, cfg.image_size, 28 * 28 * 4, cfg.image_view_pixels)
+    if rng.random() < 0.6:
+        canvas, _, colours, boxes = image_qa_scene(cfg, rng, level)
+        k = int(rng.integers(len(boxes)))
+        question = f"Where is the small {colours[k]} tag?"
+        bbox = zoom_box(boxes[k], (cfg.image_size, cfg.image_size), view, TAG_ZOOM_SIDE)
+        answer = _call(f"The {colours[k]} tag is too small to read. I will zoom in on it.", "zoom",
+                       {"bbox": bbox, "source": "image"})
+    else:
+        name = str(rng.choice([c["name"] for c in sign_cities()])).upper()
+        canvas, _, boxes = geolocation_scene(cfg, rng, level, name)
+        question = "Where is the green road sign?"
+        bbox = zoom_box(boxes[0], (cfg.image_size, cfg.image_size), view, SIGN_ZOOM_SIDE)
+        answer = _call("The green road sign is too small to read. I will zoom in on it.", "zoom",
+                       {"bbox": bbox, "source": "image"})
+    shown = Image.fromarray(canvas).resize(view, Image.BICUBIC)
+    return Round("where", answer, text=question, view=shown, meta={"bbox": bbox})
+
+
+def window(rng: np.random.Generator, cfg: SynthConfig) -> Round:
+    w0 = int(rng.integers(1, 170))
+    w1 = w0 + int(rng.integers(4, 15))
+    thing = str(rng.choice(["colour is the shape", "shape"]))
+    question = (f"What {thing} appears between {w0} s and {w1} s?" if thing != "shape"
+                else f"Which shape appears between {w0} s and {w1} s?")
+    answer = _call(f"The question is about {w0}-{w1} s; my first frames skip that moment. I will look closer.",
+                   "resample_frames", {"start": float(w0), "end": float(w1), "num_frames": cfg.probe_frames})
+    return Round("window", answer, text=question)
+
+
+def whole(rng: np.random.Generator, cfg: SynthConfig) -> Round:
+    duration = int(rng.integers(20, 200))
+    colour = str(rng.choice(list(PALETTE)))
+    question = (f"This video is {duration} s long. When is the whole screen {colour}? Answer with the start and "
+                "end times in seconds as [start, end].")
+    answer = _call(f"I will look at the whole {duration:g} s video with labelled frames to find the {colour} "
+                   "screen.", "resample_frames", {"start": 0.0, "end": float(duration), "num_frames": cfg.probe_frames})
+    return Round("whole", answer, text=question)
+
+
+def search(rng: np.random.Generator, cfg: SynthConfig) -> Round:
+    from mmagent.eval.synth.families import _bm25
+    from mmagent.eval.synth.oracle import _coords_from_search
+    from mmagent.toolbox.web_search import WebSearch
+
+    pool = city_pool()
+    city = pool[int(rng.integers(len(pool)))]
+    name = city["name"].title()
+    obs = WebSearch(backend=_bm25()).run({"query": name}, None)
+    found = _coords_from_search(obs, name)
+    if found is None:
+        return Round("search", _answer("The search found nothing useful, so I guess.", "0.00, 0.00"), observation=obs)
+    lat, lon = found
+    return Round("search", _answer(f"The search places {name} at {lat:.2f}, {lon:.2f}.", f"{lat:.2f}, {lon:.2f}"),
+                 observation=obs)
+
+
+def option(rng: np.random.Generator, cfg: SynthConfig) -> Round:
+    kind = int(rng.integers(3))
+    if kind == 2:
+        pool, digits = list(_IMAGE_QA_LEVELS["easy"][1]), True
+    else:
+        pool, digits = list(EVENT_COLOURS if kind == 0 else SHAPES), False
+    values = [str(v) for v in rng.choice(pool, size=len(LETTERS), replace=False)]
+    k = int(rng.integers(len(LETTERS)))
+    options = "\n".join(f"{LETTERS[i]}. {v}" for i, v in enumerate(values))
+    if digits:
+        colour = str(rng.choice(TAG_COLOURS))
+        think = f"The zoomed {colour} tag reads {values[k]}."
+        question = f"What character is written on the small {colour} tag?"
+    else:
+        t = float(rng.integers(4, 720)) / 4
+        colour = values[k] if kind == 0 else str(rng.choice(EVENT_COLOURS))
+        shape = values[k] if kind == 1 else str(rng.choice(SHAPES))
+        think = f"The frame at {t:.2f}s shows {article(colour)} {shape}."
+        question = "Which shape appears?" if kind == 1 else "What colour is the shape that appears?"
+    return Round("option", f"<answer>{LETTERS[k]}</answer>", text=f"{question}\nOptions:\n{options}\n{think}")
+
+
+MAKERS: dict[str, Callable[[np.random.Generator, SynthConfig], Round]] = {
+    "flash": flash, "screen": screen, "tag": tag, "sign": sign, "where": where, "window": window, "whole": whole,
+    "search": search, "option": option}
+
+
+def make_round(kind: str, rng: np.random.Generator, cfg: SynthConfig | None = None) -> Round:
+    """A fresh round of drill ``kind`` (one of :data:`KINDS`) drawn with ``rng``."""
+    if kind not in MAKERS:
+        raise ValueError(f"unknown drill {kind!r}; choose from {', '.join(KINDS)}")
+    return MAKERS[kind](rng, cfg or SynthConfig())

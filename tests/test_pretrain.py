@@ -1,0 +1,189 @@
+"""Drills and the drill pre-training stage: fresh rounds whose answers are true of their pixels, encoded as
+the agent renders episodes, and a trainer that learns from them."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from mmagent.eval.synth import render
+from mmagent.eval.synth.drills import KINDS, PERCEPTION, make_round
+from mmagent.eval.synth.families import SynthConfig, sign_cities
+from mmagent.eval.synth.perception import blob_colour, classify_shape, find_shape, frame_colour, read_label_sharp
+from mmagent.protocol import parse_turn
+
+CFG = SynthConfig()
+
+
+def test_rounds_are_seeded_and_every_kind_is_drawn() -> None:
+    for kind in KINDS:
+        a = make_round(kind, np.random.default_rng([7, 1]))
+        b = make_round(kind, np.random.default_rng([7, 1]))
+        c = make_round(kind, np.random.default_rng([7, 2]))
+        assert a.answer == b.answer and a.text == b.text, kind
+        assert (a.answer, a.text) != (c.answer, c.text) or kind == "whole", kind
+        assert (a.observation is not None or a.view is not None) == (kind in PERCEPTION or kind == "search"), kind
+    with pytest.raises(ValueError, match="unknown drill"):
+        make_round("nope", np.random.default_rng(0))
+
+
+def test_flash_and_screen_answers_are_what_the_frames_show() -> None:
+    rng = np.random.default_rng(3)
+    seen_shapes = 0
+    for _ in range(12):
+        r = make_round("flash", rng)
+        times = r.observation.data["timestamps"]
+        assert r.observation.image_labels == [f"{t:.2f}s" for t in times]
+        m = re.fullmatch(r"The frame at ([\d.]+)s shows an? (\w+) (\w+)\.", r.answer)
+        if m is None:
+            assert r.answer.startswith("No frame") and all(find_shape(im) is None for im in r.observation.images)
+            continue
+        seen_shapes += 1
+        t, colour, shape = float(m.group(1)), m.group(2), m.group(3)
+        k = times.index(t)
+        assert all(find_shape(im) is None for im in r.observation.images[:k])  # the first frame that shows it
+        mask = find_shape(r.observation.images[k])
+        assert blob_colour(r.observation.images[k], mask) == colour
+        assert classify_shape(mask, list(render.SHAPES)) == shape
+    assert seen_shapes >= 8
+    r = make_round("screen", np.random.default_rng(4))
+    said = re.findall(r"(\w+) at ([\d.]+)s", r.answer)
+    assert [c for c, _ in said] == [frame_colour(im) for im in r.observation.images]
+    assert [f"{float(t):.2f}s" for _, t in said] == r.observation.image_labels
+
+
+def test_zoom_drills_show_the_label_whole_and_readable() -> None:
+    """The zoom (the real tool, its box a few pixels off) holds the whole label, and the oracle's reader reads
+    the answer's text from the image as the policy is shown it (fitted to the observation budget)."""
+    from mmagent.policy.render import Renderer
+
+    renderer = Renderer(CFG.media_budget())
+    rng = np.random.default_rng(5)
+    names = [c["name"].upper() for c in sign_cities()]
+    for kind in ("tag", "sign") * 6:
+        r = make_round(kind, rng)
+        m = re.fullmatch(r"The zoomed (\w+) (?:tag|sign) reads (\w+)\.", r.answer)
+        assert m is not None and m.group(2).upper() == r.meta["text"].upper(), r.answer
+        text = r.meta["text"]
+        x, y, w, h = r.meta["label_box"]
+        bx1, by1, bx2, by2 = r.observation.data["box_source"]
+        assert bx1 <= x and by1 <= y and x + w <= bx2 and y + h <= by2  # the whole label is in the crop
+        shown = renderer.fit(r.observation.images[0], "observation")
+        sx, sy = shown.width / (bx2 - bx1), shown.height / (by2 - by1)
+        box = ((x - bx1) * sx, (y - by1) * sy, (x + w - bx1) * sx, (y + h - by1) * sy)
+        candidates = list("0123456789") if kind == "tag" else sorted({text, *names[:6]})
+        read, _ = read_label_sharp(shown, box, (w, h), candidates, tuple(r.meta["background"]))
+        assert read == text, (kind, text, read)
+
+
+def test_where_answers_a_zoom_call_on_the_named_label() -> None:
+    rng = np.random.default_rng(6)
+    for _ in range(4):
+        r = make_round("where", rng)
+        assert r.view.size == CFG.image_view_size()
+        call = parse_turn(r.answer).action
+        assert call.name == "zoom" and call.arguments["bbox"] == r.meta["bbox"]
+        x1, y1, x2, y2 = call.arguments["bbox"]
+        assert 0 <= x1 < x2 <= r.view.width and 0 <= y1 < y2 <= r.view.height
+
+
+def test_search_drills_copy_coordinates_with_their_signs() -> None:
+    rng = np.random.default_rng(8)
+    southern = 0
+    for _ in range(30):
+        r = make_round("search", rng)
+        m = re.search(r"<answer>(-?[\d.]+), (-?[\d.]+)</answer>", r.answer)
+        assert m is not None
+        lat, lon = float(m.group(1)), float(m.group(2))
+        text = r.observation.text
+        assert f"{abs(lat):.2f} {'N' if lat >= 0 else 'S'} {abs(lon):.2f} {'E' if lon >= 0 else 'W'}" in text
+        southern += lat < 0 or lon < 0
+    assert southern > 0
+
+
+def test_option_drills_answer_the_letter_of_what_was_seen() -> None:
+    rng = np.random.default_rng(9)
+    for _ in range(20):
+        r = make_round("option", rng)
+        letter = re.fullmatch(r"<answer>([ABCD])</answer>", r.answer).group(1)
+        options = dict(re.findall(r"^([ABCD])\. (\w+)$", r.text, flags=re.M))
+        seen = r.text.rsplit("\n", 1)[1]
+        assert re.search(rf"\b{options[letter]}\b", seen)
+        assert sum(bool(re.search(rf"\b{v}\b", seen)) for v in options.values()) >= 1
+
+
+@pytest.fixture(scope="module")
+def vision_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from mmagent.tiny import build_tiny_qwen2_5_vl
+
+    path = tmp_path_factory.mktemp("pretrain") / "random"
+    build_tiny_qwen2_5_vl(path, seed=0, hidden_size=64, num_layers=2, vision_width=32)
+    (path / "mmagent.json").write_text(json.dumps({"media_budget": CFG.media_budget().__dict__}))
+    return path
+
+
+def test_rounds_encode_as_episodes_with_loss_on_the_answers_only(vision_model: Path) -> None:
+    from mmagent.training.common import load_policy
+    from mmagent.training.pretrain import collate, encode_round, system_prompt
+
+    policy = load_policy(str(vision_model))
+    rng = np.random.default_rng(10)
+    rounds = [make_round(k, rng) for k in ("flash", "where", "window", "tag")]
+    end = policy.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    episodes = [encode_round(policy, r, system_prompt()) for r in rounds]
+    for r, episode in zip(rounds, episodes):
+        ids = episode.inputs["input_ids"][0]
+        answer = policy.tokenizer.encode(r.answer, add_special_tokens=False) + [end]
+        assert ids[episode.loss_mask.bool()].tolist() == answer  # the answer and its end of turn, nothing else
+        assert ids[-len(answer):].tolist() == answer
+    inputs, mask = collate(episodes, policy.tokenizer.pad_token_id)
+    assert inputs["input_ids"].shape == mask.shape == (4, max(e.num_tokens for e in episodes))
+    assert int(mask.sum()) == sum(e.policy_tokens for e in episodes)
+    # 8 frames, the first look and the zoom: every image of every round reaches the model, in order
+    grid = inputs["image_grid_thw"]
+    assert grid.shape[0] == 8 + 1 + 1
+    assert int((inputs["input_ids"] == policy.model.config.image_token_id).sum()) == int((grid.prod(-1) // 4).sum())
+    with torch.no_grad():  # a padded batch gives each conversation the logits it has alone
+        batched = policy.model(**inputs, use_cache=False).logits
+        for row, e in enumerate(episodes):
+            alone = policy.model(**e.inputs, use_cache=False).logits[0]
+            assert torch.allclose(batched[row, :e.num_tokens], alone, atol=1e-4)
+
+
+def test_pretraining_teaches_a_copy_drill(vision_model: Path, tmp_path: Path) -> None:
+    """The language phase alone, on one drill (copy the video's length into a call): the loss on fresh rounds
+    falls by more than half, and the stage's bookkeeping (phases, saved model, drill accuracy) holds."""
+    from mmagent.training.common import load_policy
+    from mmagent.training.pretrain import (PretrainConfig, collate, drill_accuracy, encode_round, pretrain,
+                                           system_prompt)
+    from mmagent.training.losses import sft_loss
+
+    torch.set_num_threads(1)
+    held_out = [make_round("whole", np.random.default_rng([99, i])) for i in range(8)]
+
+    def loss_of(model_dir: Path) -> float:
+        policy = load_policy(str(model_dir))
+        inputs, mask = collate([encode_round(policy, r, system_prompt()) for r in held_out],
+                               policy.tokenizer.pad_token_id)
+        with torch.no_grad():
+            logits = policy.model(**inputs, use_cache=False).logits
+        return float(sft_loss(logits[:, :-1], inputs["input_ids"][:, 1:], mask[:, 1:]))
+
+    model = tmp_path / "start"
+    shutil.copytree(vision_model, model)
+    cfg = PretrainConfig(model=str(model), output_dir=str(tmp_path / "out"), steps=30, rounds_per_step=8, lr=3e-3,
+                         language_share=0.8, vision_share=0.1, mix={"whole": 1.0, "flash": 0.5})
+    result = pretrain(cfg, progress=False)
+    assert set(result["loss"]) == {"language", "vision", "all"}
+    before, after = loss_of(model), loss_of(tmp_path / "out")
+    assert after < 0.5 * before, (before, after)
+    acc = drill_accuracy(str(tmp_path / "out"), per_kind=2, kinds=("whole", "tag"))
+    assert set(acc) == {"whole", "tag"} and all(0.0 <= v <= 1.0 for v in acc.values())
+    with pytest.raises(ValueError, match="unknown drills"):
+        pretrain(PretrainConfig(model=str(model), mix={"nope": 1.0}), progress=False)
