@@ -2,10 +2,13 @@
 
 One place for the rules that turn a model's text into something scorable and score it:
 
-* multiple choice (Video-MME, toy world): :func:`extract_option_letter`, the official rule;
-* temporal grounding (Charades-STA): :func:`parse_interval`, :func:`temporal_iou`,
+* multiple choice (toy world, tasks of the user's own): :func:`extract_option_letter`, the 2024 Video-MME rule
+  on the ``<answer>`` block (Video-MME itself is scored by :mod:`mmagent.eval.scorers.videomme_2024`);
+* temporal grounding (Charades-STA): :func:`parse_interval` (from :mod:`mmagent.eval.parsing.interval`),
+  :func:`temporal_iou`,
   :func:`recall_at_iou`, :func:`mean_iou`;
-* geolocation (GeoBench / IM2GPS3K style): :func:`parse_latlon`, :func:`haversine_km`,
+* geolocation (GeoBench / IM2GPS3K style): :func:`parse_latlon` (from :mod:`mmagent.eval.parsing.coords`),
+  :func:`haversine_km`,
   :func:`reverse_geocode`, :func:`geo_match`, :func:`geo_accuracy_at`, :func:`median_km`.
 
 Every parser that reads free text first narrows it to the last ``<answer>...</answer>`` block when
@@ -22,16 +25,15 @@ from typing import Sequence
 
 import numpy as np
 
+from mmagent.eval.parsing import answer_content
+from mmagent.eval.parsing.coords import parse_latlon
+from mmagent.eval.parsing.interval import parse_interval
+
+__all__ = ["EARTH_RADIUS_KM", "Place", "answer_content", "extract_option_letter", "geo_accuracy_at", "geo_match",
+           "haversine_km", "mean_iou", "median_km", "parse_interval", "parse_latlon", "recall_at_iou",
+           "reverse_geocode", "temporal_iou"]
+
 EARTH_RADIUS_KM = 6371.0088  # mean Earth radius (IUGG), as GeoBench uses
-
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
-
-
-def answer_content(text: str) -> str:
-    """The content of the last ``<answer>...</answer>`` block, or the whole text if there is none."""
-    found = _ANSWER_TAG.findall(text)
-    return found[-1] if found else text
-
 
 # --------------------------------------------------------------------------- multiple choice
 
@@ -83,34 +85,6 @@ def extract_option_letter(text: str, letters: str = "ABCD", *, official: bool = 
 
 # --------------------------------------------------------------------------- temporal grounding
 
-# A number, or a clock time such as 1:05 or 00:01:05.5. A minus sign counts only when it does not
-# follow a digit, so "12.5-20" reads as 12.5 and 20.
-_TIME = re.compile(r"(?<![\d.])-?(?:\d+(?::\d{1,2})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)")
-
-
-def _seconds(token: str) -> float:
-    sign = -1.0 if token.startswith("-") else 1.0
-    value = 0.0
-    for part in token.lstrip("-").split(":"):
-        value = value * 60.0 + float(part)
-    return sign * value
-
-
-def parse_interval(text: str) -> tuple[float, float] | None:
-    """The first two numbers (or mm:ss clock times) in the text as sorted (start, end) seconds.
-
-    "[12.5, 20]", "from 12.5 to 20 seconds", "12.5s - 20s" all give (12.5, 20.0). None when fewer
-    than two numbers are found or one is not finite.
-    """
-    tokens = _TIME.findall(answer_content(text))
-    if len(tokens) < 2:
-        return None
-    a, b = _seconds(tokens[0]), _seconds(tokens[1])
-    if not (math.isfinite(a) and math.isfinite(b)):
-        return None
-    return (min(a, b), max(a, b))
-
-
 def temporal_iou(pred: tuple[float, float] | None, truth: tuple[float, float]) -> float:
     """Intersection over union of two time segments; 0.0 for no prediction or an empty union."""
     if pred is None:
@@ -136,60 +110,6 @@ def mean_iou(ious: Sequence[float]) -> float:
 
 
 # --------------------------------------------------------------------------- geolocation
-
-_COORD = re.compile(
-    r"""
-    (?:\b(?P<label>latitude|lat|longitude|long|lon|lng)\s*[:=]?\s*)?
-    (?<![\d.])(?P<sign>[-+\u2212]?)
-    (?P<deg>\d+(?:\.\d+)?)\s*
-    (?:°\s*
-        (?:(?P<min>\d+(?:\.\d+)?)\s*['\u2032]\s*)?
-        (?:(?P<sec>\d+(?:\.\d+)?)\s*(?:"|''|\u2033)\s*)?
-    )?
-    (?P<hemi>north|south|east|west|[NSEW])?\b
-    """,
-    re.VERBOSE | re.IGNORECASE,
-)
-
-
-def _coord_tokens(text: str) -> list[tuple[float, str | None]]:
-    """Each coordinate-like number as (signed degrees, axis "lat"/"lon"/None)."""
-    out: list[tuple[float, str | None]] = []
-    for m in _COORD.finditer(text):
-        value = float(m["deg"]) + float(m["min"] or 0) / 60 + float(m["sec"] or 0) / 3600
-        hemi = (m["hemi"] or "")[:1].upper()
-        label = (m["label"] or "").lower()
-        if m["sign"] in ("-", "\u2212") or hemi in ("S", "W"):
-            value = -value
-        axis = "lat" if hemi in ("N", "S") or label.startswith("lat") else None
-        axis = "lon" if hemi in ("E", "W") or label.startswith(("lon", "lng")) else axis
-        out.append((value, axis))
-    return out
-
-
-def parse_latlon(text: str) -> tuple[float, float] | None:
-    """(latitude, longitude) in degrees from free text, or None.
-
-    Accepts "47.91, 106.88", "(47.91, 106.88)", "47.91 N 106.88 E", "47.91°N, 106.88°E",
-    "lat 47.91 lon -106.88" and degrees-minutes-seconds; S and W make a value negative. Labelled
-    or hemisphere-marked values are placed by their axis, otherwise the first two numbers are
-    (lat, lon). Out of range (|lat| > 90 or |lon| > 180) gives None.
-    """
-    tokens = _coord_tokens(answer_content(text))
-    lats = [v for v, axis in tokens if axis == "lat"]
-    lons = [v for v, axis in tokens if axis == "lon"]
-    if lats and lons:
-        lat, lon = lats[0], lons[0]
-    elif len(tokens) >= 2:
-        (lat, first), (lon, second) = tokens[:2]
-        if first == "lon" or second == "lat":
-            lat, lon = lon, lat
-    else:
-        return None
-    if abs(lat) > 90 or abs(lon) > 180:
-        return None
-    return (lat, lon)
-
 
 def haversine_km(a: tuple[float, float], b: tuple[float, float]) -> float:
     """Great-circle distance in km between two (lat, lon) points in degrees."""
