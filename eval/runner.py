@@ -2,11 +2,14 @@
 
 ``run_eval(bench, agent, tasks, out_dir)`` runs the tasks with ``batch_size`` episodes in flight and leaves::
 
-    run.json            what the run is (benchmark, model, data, agent settings): resuming checks it
+    run.json            what the run is (benchmark, model, data, agent settings): resuming checks it; also the
+                        public scorer the benchmark's numbers reproduce (``reference``) and the malformed
+                        annotation rows its loader skipped (``skipped_rows``)
     predictions.jsonl   one line per finished item, in the order they finish: id, answer, score dict, stop
                         reason, seconds, turns
     trajectories/       <safe id>.json per item (the whole episode) and <safe id>/ with the tool images
-    summary.json        the benchmark's summary rows plus counts and the run's identity
+    summary.json        the benchmark's summary rows plus counts, the run's identity, the reference and the
+                        skipped annotation rows
     summary.md          the same as a Markdown table
     plot.png            accuracy by duration / distance / IoU threshold / category / family
     report.html         every item with its turns, thoughts, tool calls and returned frames and crops
@@ -41,6 +44,7 @@ from typing import Any, Sequence
 from tqdm.auto import tqdm
 
 from mmagent.agent import Agent
+from mmagent.eval.benchmarks.base import skipped_rows
 from mmagent.trajectory import Task, Trajectory
 
 RUN_FILE, PREDICTIONS_FILE, TRAJECTORY_DIR = "run.json", "predictions.jsonl", "trajectories"
@@ -251,6 +255,7 @@ def run_eval(bench: ModuleType | str, agent: Agent, tasks: Sequence[Task], out_d
     module = _bench_module(bench)
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
+    skipped = skipped_rows(tasks)
     tasks = list(tasks)
     ids = [t.id for t in tasks]
     if len(set(ids)) != len(ids):
@@ -272,6 +277,8 @@ def run_eval(bench: ModuleType | str, agent: Agent, tasks: Sequence[Task], out_d
     run = stored or {"format": FORMAT_VERSION, "identity": ident, "created": now, "info": _normal(info or {})}
     if stored is not None:
         run.setdefault("resumed", []).append({"at": now, "done": len(done), "info": _normal(info or {})})
+    run["reference"] = _normal(getattr(module, "REFERENCE", None))
+    run["skipped_rows"] = skipped
     _write_atomic(out / RUN_FILE, json.dumps(run, indent=2) + "\n")
 
     todo = [(k, t) for k, t in enumerate(tasks) if t.id not in done]
@@ -300,13 +307,16 @@ def run_eval(bench: ModuleType | str, agent: Agent, tasks: Sequence[Task], out_d
                 bar.set_postfix(score=f"{sum(scored) / len(scored):.3f}")
     finally:
         bar.close()
-    return finish_run(module, tasks, out, records=done, resumed=resumed, title=title)
+    return finish_run(module, tasks, out, records=done, resumed=resumed, title=title, skipped=skipped)
 
 
 def finish_run(bench: ModuleType | str, tasks: Sequence[Task], out_dir: str | os.PathLike,
                records: dict[str, dict[str, Any]] | None = None, resumed: int = 0,
-               title: str | None = None) -> EvalResult:
-    """Write summary.json, summary.md, plot.png and report.html of a run folder (also to redo them)."""
+               title: str | None = None, skipped: Sequence[str] | None = None) -> EvalResult:
+    """Write summary.json, summary.md, plot.png and report.html of a run folder (also to redo them).
+
+    ``skipped``: the malformed annotation rows the loader left out (default: ``tasks.skipped`` of a
+    :class:`~mmagent.eval.benchmarks.base.TaskList`, else what run.json recorded)."""
     from mmagent.eval.report import markdown_table, plot_summary, write_report
 
     module = _bench_module(bench)
@@ -314,6 +324,7 @@ def finish_run(bench: ModuleType | str, tasks: Sequence[Task], out_dir: str | os
     records = records if records is not None else read_predictions(out / PREDICTIONS_FILE)
     run = json.loads((out / RUN_FILE).read_text()) if (out / RUN_FILE).is_file() else {}
     ident = run.get("identity", {})
+    skipped = list(skipped if skipped is not None else skipped_rows(tasks) or run.get("skipped_rows", []))
     done_tasks = [t for t in tasks if t.id in records]
     scores = [records[t.id]["score"] for t in done_tasks]
     summary = module.summarise(done_tasks, scores) if done_tasks else {}
@@ -327,10 +338,17 @@ def finish_run(bench: ModuleType | str, tasks: Sequence[Task], out_dir: str | os
     payload = {"bench": module.NAME, "model": model, "n_tasks": len(tasks), "n_done": len(done_tasks),
                "summary": summary, "stop_reasons": stops,
                "mean_seconds": sum(secs) / len(secs) if secs else 0.0, "other_predictions": others,
-               "identity": ident}
+               "skipped_rows": {"n": len(skipped), "rows": skipped},
+               "reference": _normal(getattr(module, "REFERENCE", None)), "identity": ident}
     _write_atomic(out / SUMMARY_JSON, json.dumps(strict_json(payload), indent=2, default=_json_default) + "\n")
     table = markdown_table(summary)
     notes = [f"{len(done_tasks)} of {len(tasks)} items scored."]
+    if skipped:
+        notes.append(f"{len(skipped)} malformed annotation rows were skipped (listed in {SUMMARY_JSON}); "
+                     f"the first: {skipped[0]}")
+    reference = _reference_note(getattr(module, "REFERENCE", None))
+    if reference:
+        notes.append(reference)
     if others:
         notes.append(f"{others} other predictions in {PREDICTIONS_FILE} are for items outside this run.")
     _write_atomic(out / SUMMARY_MD, f"# {title}\n\n{table}\n\n" + " ".join(notes) + "\n")
@@ -339,6 +357,15 @@ def finish_run(bench: ModuleType | str, tasks: Sequence[Task], out_dir: str | os
                  plot=PLOT_FILE if plot else None, notes=notes[1:])
     return EvalResult(out_dir=out, summary=summary, predictions=[records[t.id] for t in done_tasks],
                       n_tasks=len(tasks), resumed=resumed, table=table)
+
+
+def _reference_note(reference: Any) -> str:
+    """One sentence naming the public scorer(s) the headline numbers reproduce."""
+    if not isinstance(reference, dict):
+        return ""
+    refs = [reference] if "repo" in reference else [r for r in reference.values() if isinstance(r, dict)]
+    named = "; ".join(f"{r.get('benchmark', '')}: {r['repo']} {r['file']} @ {str(r['commit'])[:8]}" for r in refs)
+    return f"Scored as the reference scorer does ({named})." if named else ""
 
 
 def model_label(model: str) -> str:

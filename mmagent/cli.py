@@ -278,6 +278,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         tasks = spec.load(args.data_dir, limit=args.limit, **options)
         if not tasks:
             return _fail(f"{args.data_dir} holds no {args.bench} items")
+        skipped = list(getattr(tasks, "skipped", []))
+        if skipped:
+            print(f"warning: skipped {len(skipped)} malformed annotation rows (listed in the run's summary.json):",
+                  file=sys.stderr)
+            for line in skipped[:5]:
+                print(f"  {line}", file=sys.stderr)
         if args.no_tools:
             tools: list[str] = []
         else:

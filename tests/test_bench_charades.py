@@ -110,9 +110,15 @@ def test_bad_parquet_row(tmp_path: Path) -> None:
     path = write_parquet(tmp_path / "data" / "test-00000-of-00001.parquet",
                          [{"video": "AAAAA.mp4", "caption": "fine", "timestamp": [1.0, 2.0]},
                           {"video": "AAAAA.mp4", "caption": "backwards", "timestamp": [5.0, 2.0]}])
-    with pytest.raises(DatasetError) as err:
+    # the bad row is skipped and reported by file and row; the good one is kept
+    tasks = charades_sta.load(tmp_path)
+    assert [t.metadata["caption"] for t in tasks] == ["fine"]
+    assert tasks.skipped == [f"{path}:2: the segment [5.0, 2.0] is not 0 <= start <= end"]
+    write_parquet(path, [{"video": "AAAAA.mp4", "caption": "backwards", "timestamp": [5.0, 2.0]}])
+    with pytest.raises(DatasetError) as err:  # no usable row at all
         charades_sta.load(tmp_path)
-    assert f"{path}:2: the segment [5.0, 2.0] is not 0 <= start <= end" in str(err.value)
+    assert "none of its rows could be used (1 malformed)" in str(err.value)
+    assert f"{path}:1: the segment" in str(err.value)
 
 
 def test_missing_annotation_file_names_what_was_looked_for(tmp_path: Path) -> None:
@@ -132,10 +138,11 @@ def test_missing_annotation_file_names_what_was_looked_for(tmp_path: Path) -> No
     ("AAAAA 1.0 2.0##   ", "field 'sentence' is empty"),
 ])
 def test_bad_line_names_file_line_and_field(tmp_path: Path, line: str, needle: str) -> None:
-    release(tmp_path, [LINES[0], line])
-    with pytest.raises(DatasetError) as err:
-        charades_sta.load(tmp_path)
-    assert f"charades_sta_test.txt:2: {needle}" in str(err.value)
+    # Before, one bad line made the whole file fail to load; now it is skipped and named by file and line.
+    release(tmp_path, [LINES[0], line, LINES[2]])
+    tasks = charades_sta.load(tmp_path)
+    assert [t.metadata["video_id"] for t in tasks] == ["AAAAA", "BBBBB"]
+    assert len(tasks.skipped) == 1 and f"charades_sta_test.txt:2: {needle}" in tasks.skipped[0]
 
 
 def test_bad_table_row_and_bad_length(tmp_path: Path) -> None:
@@ -163,18 +170,24 @@ def test_missing_videos_listed_and_counted(tmp_path: Path) -> None:
 
 
 def test_score_and_summary_by_hand() -> None:
+    # The default is lmms-eval's rule: "[12, 22]" (one number per sentence, no range) and "0:10 to 0:20 s"... are
+    # read as it reads them; the lenient columns read the span the answer states.
     task = Task(question="q", task_type="grounding", answer=[10.0, 20.0])
-    answers = ["The event happens in the 10 - 20 seconds.",  # IoU 1
-               "<answer>[12, 22]</answer>",  # inter 8, union 12
-               "from 15 to 30 seconds",  # inter 5, union 20
+    answers = ["The event happens in the 10 - 20 seconds.",  # IoU 1 (both rules)
+               "<answer>[12, 22]</answer>",  # lmms-eval: no pair; lenient: inter 8, union 12
+               "from 15 to 30 seconds",  # inter 5, union 20 (both)
                "0 - 9",  # no overlap
                "I could not find it"]  # nothing parsed
     scores = [charades_sta.score(task, a) for a in answers]
-    assert [s["iou"] for s in scores] == pytest.approx([1.0, 8 / 12, 5 / 20, 0.0, 0.0])
-    assert [s["pred"] for s in scores] == [[10.0, 20.0], [12.0, 22.0], [15.0, 30.0], [0.0, 9.0], None]
+    assert [s["iou"] for s in scores] == pytest.approx([1.0, 0.0, 5 / 20, 0.0, 0.0])
+    assert [s["pred"] for s in scores] == [[10.0, 20.0], None, [15.0, 30.0], [0.0, 9.0], None]
+    assert [s["iou_lenient"] for s in scores] == pytest.approx([1.0, 8 / 12, 5 / 20, 0.0, 0.0])
+    assert [s["pred_lenient"] for s in scores] == [[10.0, 20.0], [12.0, 22.0], [15.0, 30.0], [0.0, 9.0], None]
     assert all(s["score"] == s["iou"] for s in scores)
     out = charades_sta.summarise([task] * 5, scores)
-    assert out == {"overall": {"n": 5, "r@0.3": 0.4, "r@0.5": 0.4, "r@0.7": 0.2,
-                               "miou": pytest.approx((1 + 8 / 12 + 0.25) / 5), "parsed": 0.8}}
+    assert out == {"overall": {"n": 5, "r@0.3": 0.2, "r@0.5": 0.2, "r@0.7": 0.2, "miou": pytest.approx(1.25 / 5),
+                               "parsed": 0.6, "r@0.3_lenient": 0.4, "r@0.5_lenient": 0.4, "r@0.7_lenient": 0.2,
+                               "miou_lenient": pytest.approx((1 + 8 / 12 + 0.25) / 5), "parsed_lenient": 0.8}}
     assert charades_sta.summarise([], []) == {}
-    assert charades_sta.score(task, None) == {"score": 0.0, "iou": 0.0, "pred": None}
+    assert charades_sta.score(task, None) == {"score": 0.0, "iou": 0.0, "pred": None, "iou_lenient": 0.0,
+                                              "pred_lenient": None}

@@ -17,7 +17,8 @@ HEADER = "IMG_ID,AUTHOR,LAT,LON,S3_Label,S16_Label,S365_Label,Prob_indoor,Prob_n
 ROWS = ["paris_1_1_1@N00.jpg,1@N00,48.8566,2.3522,2,11,84,0.01,0.02,0.97",
         "nyc_2_2_2@N00.jpg,2@N00,40.7128,-74.006,2,15,307,0.1,0.1,0.8",
         "sydney_3_3_3@N00.jpg,3@N00,-33.8688,151.2093,1,6,48,0.0,0.9,0.1"]
-KM_PER_DEGREE = 6371.0088 * math.pi / 180  # along a meridian, haversine = R * delta-latitude
+KM_PER_DEGREE = 6371.0088 * math.pi / 180  # along a meridian, haversine = R * delta-latitude (GeoBench's R)
+IM2GPS_KM_PER_DEGREE = 6371.0 * 0.01745329252  # GeoEstimation's R and degree-to-radian factor
 
 
 def image(path: Path) -> None:
@@ -52,8 +53,7 @@ def test_load_im2gps3k(tmp_path: Path) -> None:
     tasks = geo.load(root)
     assert [t.id for t in tasks] == ["paris_1_1_1@N00", "nyc_2_2_2@N00", "sydney_3_3_3@N00"]
     t = tasks[0]
-    assert t.question == ("Please analyze where is the place. "
-                          "Answer with its latitude and longitude in degrees as <answer>lat, lon</answer>.")
+    assert t.question == geo.QUESTION and t.question.startswith("Please analyze where is the place. ")
     assert t.image == str((root / "im2gps3ktest" / "paris_1_1_1@N00.jpg").resolve())
     assert (t.task_type, t.video, t.options) == ("geolocation", None, None)
     assert (t.answer["lat"], t.answer["lon"], t.answer["country_code"], t.answer["admin1_code"]) == (
@@ -112,9 +112,8 @@ def test_geobench_parquet_gives_the_same_tasks_as_json(tmp_path: Path) -> None:
     assert geo.load(root, limit=2) == from_json[:2]
     rows[1]["metadata"] = json.dumps({"location": {"lat": 95.0, "lng": 1.0}})
     write_geobench_parquet(root, rows)
-    with pytest.raises(DatasetError) as err:
-        geo.load(root)
-    assert f"{parquet}:2: latitude 95.0 is beyond +-90" in str(err.value)
+    tasks = geo.load(root)  # the bad row is skipped and named by file and row
+    assert [t.id for t in tasks] == ["u1", "u3"] and tasks.skipped == [f"{parquet}:2: latitude 95.0 is beyond +-90"]
 
 
 def test_missing_annotation_file_names_what_was_looked_for(tmp_path: Path) -> None:
@@ -132,9 +131,9 @@ def test_missing_annotation_file_names_what_was_looked_for(tmp_path: Path) -> No
 ])
 def test_bad_im2gps3k_row_names_file_row_and_field(tmp_path: Path, row: str, needle: str) -> None:
     im2gps3k(tmp_path, [ROWS[0], row], images=False)
-    with pytest.raises(DatasetError) as err:
-        geo.load(tmp_path)
-    assert needle in str(err.value)
+    image(tmp_path / "im2gps3ktest" / ROWS[0].split(",")[0])
+    tasks = geo.load(tmp_path)  # skipped and named by file and row, not fatal to the file
+    assert [t.id for t in tasks] == ["paris_1_1_1@N00"] and len(tasks.skipped) == 1 and needle in tasks.skipped[0]
 
 
 def test_swapped_header_of_the_early_csv(tmp_path: Path) -> None:
@@ -142,8 +141,8 @@ def test_swapped_header_of_the_early_csv(tmp_path: Path) -> None:
     im2gps3k(tmp_path, ROWS, header=HEADER.replace("LAT,LON", "LON,LAT"))
     with pytest.raises(DatasetError) as err:
         geo.load(tmp_path)
-    msg = str(err.value)
-    assert "im2gps3k_places365.csv:4: latitude 151.2093 is beyond +-90" in msg and "header says LON,LAT" in msg
+    msg = str(err.value)  # the whole file is refused: its in-range rows would load with the axes swapped
+    assert "im2gps3k_places365.csv: its header says LON,LAT" in msg and "IMG_ID,AUTHOR,LAT,LON" in msg
 
 
 @pytest.mark.parametrize(("row", "needle"), [
@@ -158,9 +157,9 @@ def test_bad_geobench_row(tmp_path: Path, row: dict, needle: str) -> None:
     geobench(tmp_path, [gb_row("u1", 35.0, 139.0)])
     with open(tmp_path / "geobench.jsonl", "a") as fh:
         fh.write(json.dumps(row) + "\n")
-    with pytest.raises(DatasetError) as err:
-        geo.load(tmp_path)
-    assert "geobench.jsonl:2" in str(err.value) and needle in str(err.value)
+    tasks = geo.load(tmp_path)
+    assert [t.id for t in tasks] == ["u1"] and len(tasks.skipped) == 1
+    assert "geobench.jsonl:2" in tasks.skipped[0] and needle in tasks.skipped[0]
 
 
 def test_missing_images_listed_and_counted(tmp_path: Path) -> None:
@@ -183,31 +182,48 @@ def test_score_and_summary_with_known_distances(tmp_path: Path) -> None:
     offsets = [0.0, 0.1, 1.0, -5.0, -20.0]  # degrees of latitude along the Paris meridian
     answers = [f"<answer>{48.8566 + d:.4f}, 2.3522</answer>" for d in offsets] + ["somewhere in Europe"]
     scores = [geo.score(paris, a) for a in answers]
-    kms = [abs(d) * KM_PER_DEGREE for d in offsets] + [math.inf]
+    kms = [abs(d) * IM2GPS_KM_PER_DEGREE for d in offsets] + [math.inf]  # IM2GPS3K: GeoEstimation's distance
     assert [s["km"] for s in scores] == pytest.approx(kms, abs=1e-6)
-    assert kms[1:5] == pytest.approx([11.1195, 111.1951, 555.9755, 2223.9020], abs=1e-3)
+    assert kms[1:5] == pytest.approx([11.1195, 111.1949, 555.9746, 2223.8985], abs=1e-3)
     # GeoNames: Paris -> Pierrefitte-sur-Seine (Ile-de-France), Amiens (Hauts-de-France), Albi (Occitanie), Algeria
     assert [s["country"] for s in scores] == [True, True, True, True, False, False]
     assert [s["region"] for s in scores] == [True, True, False, False, False, False]
     assert [s["city"] for s in scores] == [True, True, False, False, False, False]
+    assert all(s[k] == s[f"{k}_geonames"] for s in scores for k in ("city", "region", "country"))
     assert [s["score"] for s in scores] == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
     assert scores[-1]["pred"] is None and scores[2]["pred"] == pytest.approx([49.8566, 2.3522])
     out = geo.summarise([paris] * 6, scores)
     assert list(out) == ["overall"]
     row = out["overall"]
-    assert row == {"n": 6, "acc@1km": 1 / 6, "acc@3km": 1 / 6, "acc@25km": 2 / 6, "acc@200km": 3 / 6,
-                   "acc@750km": 4 / 6, "acc@2500km": 5 / 6, "country": 4 / 6, "region": 2 / 6, "city": 2 / 6,
-                   "median_km": pytest.approx((1.0 + 5.0) / 2 * KM_PER_DEGREE), "parsed": 5 / 6}
+    assert row == {"n": 6, "acc@1km": 1 / 6, "acc@25km": 2 / 6, "acc@200km": 3 / 6, "acc@750km": 4 / 6,
+                   "acc@2500km": 5 / 6, "median_km": pytest.approx((1.0 + 5.0) / 2 * IM2GPS_KM_PER_DEGREE),
+                   "country_geonames": 4 / 6, "region_geonames": 2 / 6, "city_geonames": 2 / 6, "parsed": 5 / 6}
 
 
 def test_summary_per_geobench_subset(tmp_path: Path) -> None:
-    root = geobench(tmp_path, [gb_row("u1", 35.6762, 139.6503), gb_row("u2", -22.9519, -43.2105, "satellite"),
-                               gb_row("u3", 40.7128, -74.006, "satellite")])
+    # GeoBench's own columns: tiers by the true names in the answer, over the items with a non-empty answer;
+    # lt_3km and the lower median over their distances.
+    root = geobench(tmp_path, [gb_row("u1", 35.6762, 139.6503, city="Tokyo", province_or_state="Tokyo",
+                                      country="Japan"),
+                               gb_row("u2", -22.9519, -43.2105, "satellite", city="Rio de Janeiro", country="Brazil"),
+                               gb_row("u3", 40.7128, -74.006, "satellite", city="New York", country="United States")])
     tasks = geo.load(root)
-    scores = [geo.score(tasks[0], "35.6762, 139.6503"), geo.score(tasks[1], "0, 0"),
-              geo.score(tasks[2], "lat 40.7128 lon -74.006")]
+    scores = [geo.score(tasks[0], "Shinjuku, Tokyo, Japan; 35.6762, 139.6503"),
+              geo.score(tasks[1], "São Paulo, Brazil; 0, 0"), geo.score(tasks[2], "")]
+    assert [(s["city"], s["region"], s["country"], s["evaluated"]) for s in scores] == [
+        (True, True, True, True), (False, False, True, True), (False, False, False, False)]
     out = geo.summarise(tasks, scores)
     assert list(out) == ["overall", "subset/panorama", "subset/satellite"]
-    assert out["subset/panorama"]["n"] == 1 and out["subset/panorama"]["acc@1km"] == 1.0
-    assert out["subset/satellite"]["n"] == 2 and out["subset/satellite"]["acc@1km"] == 0.5
-    assert out["overall"]["city"] == pytest.approx(2 / 3)
+    far = geo.gb_ref.haversine_km((0.0, 0.0), (-22.9519, -43.2105))
+    assert scores[1]["km_geobench"] == pytest.approx(far)
+    head = {k: out["overall"][k] for k in ("n", "n_evaluated", "country", "state", "city", "lt_3km", "median_km")}
+    assert head == {"n": 3, "n_evaluated": 2, "country": 1.0, "state": 0.5, "city": 0.5, "lt_3km": 0.5,
+                    "median_km": 0.0}
+    assert list(out["overall"])[:8] == ["n", "n_evaluated", "country", "state", "city", "lt_3km", "median_km",
+                                        "acc@1km"]
+    assert out["subset/panorama"]["n"] == 1 and out["subset/panorama"]["city"] == 1.0
+    sat = out["subset/satellite"]
+    assert (sat["n"], sat["n_evaluated"], sat["city"], sat["country"]) == (2, 1, 0.0, 1.0)
+    assert sat["median_km"] == pytest.approx(far)
+    assert sat["acc@2500km"] == 0.0 and out["subset/panorama"]["acc@1km"] == 1.0
+    assert isinstance(tasks[0].answer, dict) and tasks[0].benchmark == "geo"

@@ -81,9 +81,10 @@ def test_bad_row_names_file_row_and_field(tmp_path: Path, change: dict, needle: 
     lines = (tmp_path / "test_questions.jsonl").read_text().splitlines()
     lines[3] = json.dumps({**ROWS[3], **change})
     (tmp_path / "test_questions.jsonl").write_text("\n".join(lines) + "\n")
-    with pytest.raises(DatasetError) as err:
-        vstar.load(tmp_path)
-    assert f"test_questions.jsonl:4: {needle}" in str(err.value)
+    # Skipped and named by file and line, not fatal to the file.
+    tasks = vstar.load(tmp_path)
+    assert [t.id for t in tasks] == ["0", "1", "2"]
+    assert len(tasks.skipped) == 1 and f"test_questions.jsonl:4: {needle}" in tasks.skipped[0]
 
 
 def test_missing_images_and_duplicate_ids(tmp_path: Path) -> None:
@@ -107,13 +108,20 @@ def test_score_and_summary_by_hand(tmp_path: Path) -> None:
     assert [s["score"] for s in scores] == [1.0, 0.0, 1.0, 0.0, 0.0]
     out = vstar.summarise(tasks, scores)
     assert list(out) == ["overall", "category/direct_attributes", "category/relative_position"]
-    assert out["overall"] == {"n": 5, "accuracy": 0.4, "answered": 0.8}
-    assert out["category/direct_attributes"] == {"n": 3, "accuracy": pytest.approx(2 / 3), "answered": 1.0}
-    assert out["category/relative_position"] == {"n": 2, "accuracy": 0.0, "answered": 0.5}
+    assert [s["pred_lenient"] for s in scores] == ["A", "C", "D", "B", ""]
+    assert out["overall"] == {"n": 5, "accuracy": 0.4, "answered": 0.8, "accuracy_lenient": 0.4}
+    assert out["category/direct_attributes"] == {"n": 3, "accuracy": pytest.approx(2 / 3), "answered": 1.0,
+                                                 "accuracy_lenient": pytest.approx(2 / 3)}
+    assert out["category/relative_position"] == {"n": 2, "accuracy": 0.0, "answered": 0.5, "accuracy_lenient": 0.0}
 
 
-def test_score_uses_the_items_own_letters() -> None:
+def test_default_is_lmms_evals_rule_and_lenient_uses_the_items_own_letters() -> None:
+    # The default reproduces lmms-eval's extract_answer_letter, quirks included: it reads A-D on every item and
+    # its first pattern takes the "A" of "ANSWER: B". The lenient column reads the item's own letters.
     two = Task(question="q", task_type="image_qa", options=["A. left", "B. right"], answer="B")
-    assert vstar.score(two, "C")["pred"] == ""  # there is no option C
-    assert vstar.score(two, "Best answer: B")["pred"] == "B"  # prefixes stripped as meant (official=False)
-    assert vstar.score(two, None) == {"score": 0.0, "pred": "", "answered": False}
+    assert vstar.score(two, "C")["pred"] == "C" and vstar.score(two, "C")["pred_lenient"] == ""
+    got = vstar.score(two, "Answer: B")
+    assert (got["pred"], got["score"], got["pred_lenient"], got["score_lenient"]) == ("A", 0.0, "B", 1.0)
+    assert vstar.score(two, "b")["pred"] == "B"  # lower case is read (upper-cased first)
+    assert vstar.score(two, None) == {"score": 0.0, "pred": "", "answered": False, "score_lenient": 0.0,
+                                      "pred_lenient": ""}

@@ -156,7 +156,10 @@ def test_eval_runs_the_release_layout_end_to_end(bench, folders, tiny_model_dir,
     assert (out / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = (out / "report.html").read_text()
     assert all(i in page for i in ids)
-    assert json.loads((out / "run.json").read_text())["identity"]["bench"] == bench
+    run = json.loads((out / "run.json").read_text())
+    assert run["identity"]["bench"] == bench
+    assert run["reference"] == summary["reference"] and summary["reference"]  # the scorer the numbers reproduce
+    assert summary["skipped_rows"] == {"n": 0, "rows": []}
 
 
 @pytest.mark.parametrize("bench", list(BUILDERS))

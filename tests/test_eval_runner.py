@@ -227,3 +227,29 @@ def test_the_registry_names_the_known_benchmarks():
         get("mmmu")
     with pytest.raises(ValueError, match="takes no option subtitles"):
         get("vstar").load("unused", subtitles=True)
+
+
+def test_the_reference_and_skipped_annotation_rows_reach_run_and_summary(tmp_path: Path) -> None:
+    """A malformed Charades-STA line is skipped by the loader, then counted in summary.json / summary.md and
+    listed in run.json, beside the reference scorer the numbers reproduce."""
+    from mmagent.eval.benchmarks import charades_sta
+    from mmagent.tiny import write_synthetic_video
+
+    data = tmp_path / "charades"
+    (data / "Charades_v1_480").mkdir(parents=True)
+    write_synthetic_video(data / "Charades_v1_480" / "AAAAA.mp4", seconds=2.0, fps=4, size=(32, 32))
+    (data / "charades_sta_test.txt").write_text("AAAAA 0.5 1.5##person opens a door.\n"
+                                                "AAAAA 1.5 0.5##backwards\n")
+    tasks = charades_sta.load(data)
+    assert len(tasks) == 1 and len(tasks.skipped) == 1
+    result = run_eval(charades_sta, _scripted({tasks[0].id: "0.5 - 1.5"}), tasks, tmp_path / "run", progress=False)
+    assert result.summary["overall"]["miou"] == 1.0
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    where = f"{data / 'charades_sta_test.txt'}:2"
+    assert run["skipped_rows"] == summary["skipped_rows"]["rows"] and summary["skipped_rows"]["n"] == 1
+    assert summary["skipped_rows"]["rows"][0].startswith(where + ": the segment [1.5, 0.5]")
+    assert run["reference"] == summary["reference"] == charades_sta.REFERENCE
+    assert summary["reference"]["repo"] == "EvolvingLMMs-Lab/lmms-eval" and len(summary["reference"]["commit"]) == 40
+    md = (tmp_path / "run" / "summary.md").read_text()
+    assert "1 malformed annotation rows were skipped" in md and where in md and "lmms_eval/tasks/charades_sta" in md

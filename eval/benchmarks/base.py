@@ -3,9 +3,13 @@
 Each benchmark module (``videomme``, ``charades_sta``, ``geo``, ``vstar``) has the same face:
 
 * ``NAME``;
+* ``REFERENCE``: the public scorer its default ``score`` reproduces (repo, file, commit; see
+  :mod:`mmagent.eval.scorers`), written into each run's run.json and summary.json;
 * ``load(data_dir, limit=None, **options) -> list[Task]`` reads the official release layout from a local
   folder (each task's ``benchmark`` set to ``NAME``, so RL rewards score it with this module's ``score``)
-  and raises :class:`DatasetError` saying exactly what is missing or malformed;
+  and raises :class:`DatasetError` saying exactly what is missing. A malformed annotation row does not sink
+  the file: it is logged and listed by file and line in the returned :class:`TaskList`'s ``skipped`` (the
+  eval runner counts it in the summary); only a file with no usable row at all is an error;
 * ``score(task, answer_text) -> dict`` scores one answer (always with a float ``"score"``);
 * ``summarise(tasks, scores) -> dict[str, dict[str, float]]``: row name (``"overall"``, ``"duration/short"``,
   ...) -> metrics, each row with its ``n``. Shares are fractions in [0, 1], not percentages.
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 import os
 import string
@@ -29,9 +34,39 @@ from mmagent.trajectory import Task
 #: how many missing media files an error message lists by name
 SHOW_MISSING = 5
 
+log = logging.getLogger("mmagent.eval")
+
 
 class DatasetError(ValueError):
     """A benchmark folder that cannot be used: missing files, malformed rows, missing media."""
+
+
+class TaskList(list):
+    """The tasks a loader read, plus ``skipped``: one ``"file:line: what is wrong"`` per annotation row that
+    could not be used (a plain list otherwise)."""
+
+    def __init__(self, tasks: Iterable[Task] = (), skipped: Iterable[str] = ()) -> None:
+        super().__init__(tasks)
+        self.skipped: list[str] = list(skipped)
+
+
+def skipped_rows(tasks: Sequence[Task]) -> list[str]:
+    """The malformed rows a loader skipped (``tasks.skipped`` of a :class:`TaskList`; [] for any other list)."""
+    return list(getattr(tasks, "skipped", []))
+
+
+def skip_row(skipped: list[str], error: DatasetError) -> None:
+    """Record (and log) one malformed annotation row; its message already starts with ``file:line:``."""
+    skipped.append(str(error))
+    log.warning("skipped a malformed annotation row: %s", error)
+
+
+def task_list(tasks: Sequence[Task], skipped: Sequence[str], where: str | os.PathLike) -> TaskList:
+    """``tasks`` with their ``skipped`` rows; a DatasetError if rows were skipped and none was usable."""
+    if skipped and not tasks:
+        shown = "; ".join(skipped[:SHOW_MISSING])
+        raise DatasetError(f"{where}: none of its rows could be used ({len(skipped)} malformed): {shown}")
+    return TaskList(tasks, skipped)
 
 
 #: what to do when a release's annotation file is not where it should be
@@ -51,10 +86,11 @@ def find_file(root: str | os.PathLike, names: Sequence[str], what: str, hint: st
     raise DatasetError(f"{root}: no {what} found; looked for: {looked}" + (f". {hint}" if hint else ""))
 
 
-def read_rows(path: str | os.PathLike) -> list[tuple[str, dict[str, Any]]]:
+def read_rows(path: str | os.PathLike, skipped: list[str] | None = None) -> list[tuple[str, dict[str, Any]]]:
     """The rows of an annotation table as ``("file:row", row)`` pairs, row numbers as an editor shows them.
 
-    ``.jsonl``: one object a line (line number). ``.json``: a list of objects, or ``{"data": [...]}``
+    ``.jsonl``: one object a line (line number); with ``skipped`` given, a line that is not a JSON object is
+    recorded there (:func:`skip_row`) instead of raising. ``.json``: a list of objects, or ``{"data": [...]}``
     (1-based item number). ``.csv``: a header line then rows (the row's last line number, so the first row is 2).
     ``.parquet``: via pyarrow (1-based row number).
     """
@@ -67,10 +103,15 @@ def read_rows(path: str | os.PathLike) -> list[tuple[str, dict[str, Any]]]:
                 for k, line in enumerate(fh, start=1):
                     if line.strip():
                         try:
-                            value = json.loads(line)
-                        except json.JSONDecodeError as exc:
-                            raise DatasetError(f"{path}:{k}: not valid JSON ({exc.msg})") from None
-                        out.append((f"{path}:{k}", _as_row(value, f"{path}:{k}")))
+                            try:
+                                value = json.loads(line)
+                            except json.JSONDecodeError as exc:
+                                raise DatasetError(f"{path}:{k}: not valid JSON ({exc.msg})") from None
+                            out.append((f"{path}:{k}", _as_row(value, f"{path}:{k}")))
+                        except DatasetError as exc:
+                            if skipped is None:
+                                raise
+                            skip_row(skipped, exc)
             return out
         if suffix == ".json":
             data = json.loads(path.read_text(encoding="utf-8"))

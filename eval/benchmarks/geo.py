@@ -13,14 +13,31 @@ Release layouts read, found by their annotation file (``annotations=`` names one
   rows as ``geobench.json`` / ``geobench.jsonl`` need no pyarrow.
 
 Prompt: GeoVista's user text "Please analyze where is the place." (eval/inference_agent_tool_mode.py) and a
-request for coordinates, since both benchmarks are scored on them.
+request for the place's names (GeoBench matches them) and its coordinates (both benchmarks measure distances).
 
-Scoring: the answer's coordinates (:func:`mmagent.eval.metrics.parse_latlon`) against the true point: haversine km
-(accuracy within 1 / 3 / 25 / 200 / 750 / 2500 km: IM2GPS3K's thresholds and GeoBench's < 3 km) and
-:func:`mmagent.eval.metrics.geo_match` against the GeoNames city (>= 15,000 people) nearest the true point, which
-gives the country / region / city accuracy for both benchmarks alike. GeoVista's own scorer instead matches
-the true city / state / country names in the answer text (and geocodes the answer with a paid API for
-distances); the names are kept in the metadata. ``score`` is 1.0 within 25 km (IM2GPS3K's city scale).
+Scoring, each benchmark by its own reference (``REFERENCE`` names both; run.json records them):
+
+* GeoBench: :mod:`mmagent.eval.scorers.geobench` (ekonwang/GeoVista ``eval/eval_infer_geolocation.py`` and
+  ``eval/utils_level_wise_eval.py`` at df320371): ``country`` / ``state`` / ``city`` by the true names found
+  in the answer text (its rule-based match, exactly), over the items with a non-empty answer
+  (``n_evaluated``); ``lt_3km`` and ``median_km`` (its lower median) over their distances. GeoVista
+  geocodes an LLM-extracted address with a paid API; here the distance is from the answer's own coordinates,
+  and an answer without coordinates sits at its geocoder's fallback point, as an unplaceable address does.
+* IM2GPS3K: :mod:`mmagent.eval.scorers.geoestimation` (TIBHannover/GeoEstimation
+  ``classification/utils_global.py`` at 10bde085): accuracy within 1 / 25 / 200 / 750 / 2500 km (d <= t,
+  R = 6371 km) over all images, an answer without coordinates beyond every threshold.
+
+Neither reference reads coordinates from text; :func:`mmagent.eval.parsing.coords.parse_latlon` does (labelled
+orders, hemispheres before or after, DMS, numbers in prose). Extra columns, never in the references' place:
+``country_geonames`` / ``region_geonames`` / ``city_geonames`` (the predicted point reverse-geocoded against
+the GeoNames city nearest the truth, :func:`mmagent.eval.metrics.geo_match`), for GeoBench the distance
+accuracies, for IM2GPS3K the plain median km (answers without coordinates count as infinitely far).
+
+Per item, ``score`` is 1.0 within 25 km (IM2GPS3K's city scale); ``km`` is the reference's distance;
+``city`` / ``region`` / ``country`` are the reference's tiers where it has them (GeoBench's names) and the
+GeoNames ones otherwise (IM2GPS3K), which RL rewards use for their place term.
+
+A malformed annotation row is skipped and reported by file and row (``TaskList.skipped``).
 """
 
 from __future__ import annotations
@@ -32,17 +49,21 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from mmagent.eval.benchmarks.base import (ANNOTATIONS_HINT, DatasetError, check_media, check_unique, field, find_file,
-                                          groups, number, read_rows, share)
-from mmagent.eval.metrics import Place, geo_accuracy_at, geo_match, median_km, parse_latlon, reverse_geocode
+                                          groups, number, read_rows, share, skip_row, task_list)
+from mmagent.eval.metrics import Place, geo_accuracy_at, geo_match, median_km, reverse_geocode
+from mmagent.eval.parsing.coords import parse_latlon
+from mmagent.eval.scorers import geobench as gb_ref
+from mmagent.eval.scorers import geoestimation as im2gps_ref
 from mmagent.trajectory import Task
 
 NAME = "geo"
+REFERENCE = {"geobench": gb_ref.SOURCE, "im2gps3k": im2gps_ref.SOURCE}
 IM2GPS3K_FILE = "im2gps3k_places365.csv"
 IM2GPS3K_IMAGE_DIRS = ("im2gps3ktest", "images")
 GEOBENCH_FILES = ("data/test/data-00000-of-00001.parquet", "geobench.jsonl", "geobench.json")
-QUESTION = ("Please analyze where is the place. "
-            "Answer with its latitude and longitude in degrees as <answer>lat, lon</answer>.")
-THRESHOLDS_KM = (1, 3, 25, 200, 750, 2500)
+QUESTION = ("Please analyze where is the place. Answer with its city, state or province and country, and its "
+            "latitude and longitude in degrees, as <answer>city, state, country; lat, lon</answer>.")
+THRESHOLDS_KM = im2gps_ref.THRESHOLDS_KM
 CITY_KM = 25.0
 
 
@@ -55,11 +76,20 @@ def load(data_dir: str | os.PathLike, limit: int | None = None, *,
         hint=ANNOTATIONS_HINT)
     if not path.is_file():
         raise DatasetError(f"geolocation annotation file {path} does not exist")
-    rows = read_rows(path)
-    if path.suffix == ".csv":
-        items, base = [_im2gps3k(where, row) for where, row in rows], _im2gps3k_images(root, image_dir)
-    else:
-        items, base = [_geobench(where, row) for where, row in rows], Path(image_dir) if image_dir else root
+    skipped: list[str] = []
+    rows = read_rows(path, skipped)
+    if path.suffix == ".csv" and rows:
+        _check_im2gps3k_header(path, list(rows[0][1]))
+    reader = _im2gps3k if path.suffix == ".csv" else _geobench
+    items = []
+    for where, row in rows:
+        try:
+            items.append(reader(where, row))
+        except DatasetError as exc:
+            skip_row(skipped, exc)
+    if not items:
+        task_list([], skipped, path)  # raises when rows were skipped
+    base = _im2gps3k_images(root, image_dir) if path.suffix == ".csv" else Path(image_dir) if image_dir else root
     tasks, missing = [], []
     for item in items[:limit] if limit is not None else items:
         image = base / item.pop("image")
@@ -68,7 +98,8 @@ def load(data_dir: str | os.PathLike, limit: int | None = None, *,
             continue
         near = reverse_geocode(item["lat"], item["lon"])
         truth = {"lat": item["lat"], "lon": item["lon"], "name": near.name, "country_code": near.country_code,
-                 "admin1_code": near.admin1_code, "geonameid": near.geonameid}
+                 "admin1_code": near.admin1_code, "geonameid": near.geonameid, "dataset": item["dataset"],
+                 "data_type": item["subset"], "names": item.pop("names", None)}
         # names from the dataset where it has them (GeoBench), else from GeoNames (IM2GPS3K)
         item["city"] = item.get("city") or near.name
         item["country"] = item.get("country") or near.country_code
@@ -78,7 +109,7 @@ def load(data_dir: str | os.PathLike, limit: int | None = None, *,
                           answer=truth, metadata=meta, benchmark=NAME))
     check_media(missing, root, "images")
     check_unique(tasks, path)
-    return tasks
+    return task_list(tasks, skipped, path)
 
 
 def truth_place(task: Task) -> Place:
@@ -89,23 +120,55 @@ def truth_place(task: Task) -> Place:
 
 
 def score(task: Task, answer_text: str | None) -> dict[str, Any]:
-    """``km`` to the truth (inf without coordinates), ``city`` / ``region`` / ``country`` hits, ``score``."""
-    pred = parse_latlon(answer_text or "")
-    match = geo_match(pred, truth_place(task))
-    return {"score": float(match["km"] <= CITY_KM), "pred": list(pred) if pred else None, **match}
+    """One answer by its benchmark's reference (see the module docstring): ``km``, ``city`` / ``region`` /
+    ``country``, ``score`` (within 25 km), the GeoNames tiers as ``*_geonames``, and for GeoBench
+    ``evaluated`` and ``km_geobench`` (the distance its median uses)."""
+    text = answer_text or ""
+    a = task.answer
+    truth = (float(a["lat"]), float(a["lon"]))
+    pred = parse_latlon(text)
+    rg = geo_match(pred, truth_place(task))
+    out: dict[str, Any] = {"pred": list(pred) if pred else None,
+                           **{f"{k}_geonames": rg[k] for k in ("city", "region", "country")}}
+    if a.get("dataset") == "geobench":
+        names = a.get("names") or {}
+        tiers = gb_ref.tiers(text, names)
+        km = gb_ref.haversine_km(pred, truth) if pred else math.inf
+        out.update(km=km, city=tiers["city"], region=tiers["state"], country=tiers["country"],
+                   evaluated=gb_ref.evaluated(answer_text),
+                   km_geobench=gb_ref.distance_km(pred, truth, a.get("data_type")))
+    else:
+        km = im2gps_ref.gc_distance_km(pred, truth) if pred else math.inf
+        out.update(km=km, city=rg["city"], region=rg["region"], country=rg["country"])
+    out["score"] = float(km <= CITY_KM)
+    return out
 
 
 def summarise(tasks: Sequence[Task], scores: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Overall and per ``subset`` (GeoBench's data_type): accuracy within each distance, place accuracy,
-    median km and the share of answers with coordinates."""
+    """Overall and per ``subset`` (GeoBench's data_type): the reference's columns first (GeoBench: country,
+    state, city, lt_3km, median_km over the evaluated items; IM2GPS3K: accuracy within 1 / 25 / 200 / 750 /
+    2500 km), then the extras (see the module docstring) and ``parsed``, the share of answers with
+    coordinates."""
     out = {}
+    is_geobench = bool(tasks) and tasks[0].answer.get("dataset") == "geobench"
     for name, items in groups(tasks, scores, ("subset",)).items():
         # None: no coordinates (how an infinite distance comes back from a run's strict-JSON predictions)
         kms = [math.inf if s["km"] is None else s["km"] for s in items]
         row: dict[str, float] = {"n": len(items)}
-        row.update({f"acc@{t:g}km": v for t, v in geo_accuracy_at(kms, THRESHOLDS_KM).items()})
-        row.update({k: share(s[k] for s in items) for k in ("country", "region", "city")})
-        row["median_km"] = median_km(kms)
+        if is_geobench:
+            done = [s for s in items if s.get("evaluated", True)]
+            row["n_evaluated"] = len(done)
+            row.update({k: share(s[r] for s in done) for k, r in (("country", "country"), ("state", "region"),
+                                                                  ("city", "city"))})
+            dists = [s["km_geobench"] for s in done if s.get("km_geobench") is not None]
+            row["lt_3km"] = gb_ref.share_below(dists, 3.0)
+            row["median_km"] = gb_ref.lower_median(dists)
+            row.update({f"acc@{t:g}km": v for t, v in geo_accuracy_at(kms, THRESHOLDS_KM).items()})
+        else:
+            row.update({f"acc@{t:g}km": v for t, v in im2gps_ref.accuracy_at(kms, THRESHOLDS_KM).items()})
+            row["median_km"] = median_km(kms)
+        row.update({f"{k}_geonames": share(s.get(f"{k}_geonames", s.get(k)) for s in items)
+                    for k in ("country", "region", "city")})
         row["parsed"] = share(s["pred"] is not None for s in items)
         out[name] = row
     return out
@@ -121,13 +184,17 @@ def _latlon(lat: float, lon: float, where: str, hint: str = "") -> tuple[float, 
     return lat, lon
 
 
+def _check_im2gps3k_header(path: Path, keys: list[str]) -> None:
+    """The early im2gps3k_places365.csv says LON,LAT over latitude, longitude values: refuse the whole file
+    (its rows would load with the axes swapped)."""
+    if "LON" in keys and "LAT" in keys and keys.index("LON") < keys.index("LAT"):
+        raise DatasetError(f"{path}: its header says LON,LAT over latitude, longitude values (the early "
+                           "im2gps3k_places365.csv): use the corrected file, header IMG_ID,AUTHOR,LAT,LON,...")
+
+
 def _im2gps3k(where: str, row: dict[str, Any]) -> dict[str, Any]:
     name = field(row, "IMG_ID", where)
-    keys = list(row)
-    swapped = "LON" in keys and "LAT" in keys and keys.index("LON") < keys.index("LAT")
-    hint = (" (this looks like the early im2gps3k_places365.csv whose header says LON,LAT over latitude, "
-            "longitude values: use the corrected file, header IMG_ID,AUTHOR,LAT,LON,...)") if swapped else ""
-    lat, lon = _latlon(number(row, "LAT", where), number(row, "LON", where), where, hint)
+    lat, lon = _latlon(number(row, "LAT", where), number(row, "LON", where), where)
     meta = {"id": Path(name).stem, "image": name, "lat": lat, "lon": lon, "dataset": "im2gps3k", "subset": None,
             "author": row.get("AUTHOR")}
     meta.update({k.lower(): row[k] for k in ("S3_Label", "S16_Label", "S365_Label") if row.get(k) not in (None, "")})
@@ -163,9 +230,10 @@ def _geobench(where: str, row: dict[str, Any]) -> dict[str, Any]:
     names = {k: _text(loc, keys) for k, keys in (("city", ("city", "city_name", "town", "locality")),
                                                   ("region", ("province_or_state", "state", "admin1")),
                                                   ("country", ("country", "country_name")))}
+    matched = {k: (v if isinstance(v, str) else None) for k, v in gb_ref.true_names(loc).items()}
     subset = row.get("data_type") or meta.get("data_type") or "panorama"  # GeoBench README: default panorama
     return {"id": uid, "image": field(row, "raw_image_path", where), "lat": lat, "lon": lon,
-            "dataset": "geobench", "subset": str(subset), **names}
+            "dataset": "geobench", "subset": str(subset), **names, "names": matched}
 
 
 def _text(d: dict[str, Any], keys: Sequence[str]) -> str | None:

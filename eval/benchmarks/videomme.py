@@ -26,10 +26,18 @@ text of its first ``<font color="white" size=".72c">`` tag (a cue without that t
 where lmms-eval would drop it); ``subtitle_frames=None`` keeps every cue. A video without an .srt gets
 "No subtitles available", as in lmms-eval, and ``metadata["has_subtitles"] = False``.
 
-Scoring is the official rule (:func:`mmagent.eval.metrics.extract_option_letter`, which reproduces
-``extract_characters_regex`` of lmms-eval and of BradyFU's eval_your_results.py). ``accuracy`` counts an
-unparsed answer as wrong (lmms-eval); ``accuracy_answered`` divides by the parsed ones only, as
-eval_your_results.py does.
+Scoring (the default: ``score`` and the headline columns) is the rule Video-MME's published results use, the
+2024 ``extract_characters_regex`` as lmms-eval had it before 2026 and BradyFU/Video-MME's
+eval_your_results.py has it: :mod:`mmagent.eval.scorers.videomme_2024` (EvolvingLMMs-Lab/lmms-eval
+``lmms_eval/tasks/videomme/utils.py`` at d0c1eae7, missing-comma quirk included), on the answer text as given
+(``mmagent eval`` gives the content of the ``<answer>`` block). Not the default: lmms-eval's 2026
+``extract_mcq_answer`` (9ca4445d) and the newer parser the Video-MME README links (thanku-all/parse_answer).
+``accuracy`` counts an unparsed answer as wrong (lmms-eval's aggregation: correct / all items, overall and per
+duration, domain, sub-category, task type); ``accuracy_answered`` divides by the parsed ones only, as
+eval_your_results.py does. Extra column: ``accuracy_lenient``, by mmagent's own letter parser
+(:func:`mmagent.eval.parsing.choice.extract_choice`: lower case, prefixes, negations).
+
+A malformed annotation row is skipped and reported by file and row (``TaskList.skipped``).
 """
 
 from __future__ import annotations
@@ -41,11 +49,13 @@ from typing import Any, Sequence
 from urllib.parse import parse_qs, urlparse
 
 from mmagent.eval.benchmarks.base import (ANNOTATIONS_HINT, DatasetError, check_media, check_unique, field, find_file,
-                                          groups, option_letters, read_rows)
-from mmagent.eval.metrics import extract_option_letter
+                                          groups, option_letters, read_rows, skip_row, task_list)
+from mmagent.eval.parsing.choice import extract_choice
+from mmagent.eval.scorers import videomme_2024
 from mmagent.trajectory import Task
 
 NAME = "videomme"
+REFERENCE = videomme_2024.SOURCE
 ANNOTATION_FILES = ("videomme/test-00000-of-00001.parquet", "videomme.json", "videomme.jsonl", "Video-MME.json")
 VIDEO_DIR, SUBTITLE_DIR = "data", "subtitle"
 VIDEO_EXTS = (".mp4", ".MP4", ".mkv")
@@ -87,10 +97,15 @@ def load(data_dir: str | os.PathLike, limit: int | None = None, *, subtitles: bo
         root, ANNOTATION_FILES, "Video-MME annotation file", hint=ANNOTATIONS_HINT)
     if not path.is_file():
         raise DatasetError(f"Video-MME annotation file {path} does not exist")
-    rows = _flat_rows(read_rows(path))
+    skipped: list[str] = []
+    rows = _flat_rows(read_rows(path, skipped), skipped)
     tasks, missing, kept = [], [], 0
     for where, row in rows:
-        item = _parse(row, where)
+        try:
+            item = _parse(row, where)
+        except DatasetError as exc:
+            skip_row(skipped, exc)
+            continue
         if durations and item["duration"] not in durations:
             continue
         if limit is not None and kept >= limit:
@@ -113,7 +128,7 @@ def load(data_dir: str | os.PathLike, limit: int | None = None, *, subtitles: bo
                           options=item["options"], answer=item["answer"], metadata=meta, benchmark=NAME))
     check_media(missing, root, "Video-MME videos")
     check_unique(tasks, path, "question_id")
-    return tasks
+    return task_list(tasks, skipped, path)
 
 
 def build_prompt(question: str, options: Sequence[str], style: str = "lmms-eval", subtitles: str | None = None) -> str:
@@ -168,9 +183,13 @@ def subtitle_prompt_text(srt: str | os.PathLike, video: str | os.PathLike, frame
 
 
 def score(task: Task, answer_text: str | None) -> dict[str, Any]:
-    """``score`` 1.0 if the official rule reads the right letter; ``pred`` the letter ("" if none)."""
-    pred = extract_option_letter(answer_text or "", "ABCD", official=True)
-    return {"score": float(pred == task.answer), "pred": pred, "answered": pred != ""}
+    """``score`` 1.0 if the 2024 Video-MME rule reads the right letter (``pred``, "" if none);
+    ``score_lenient`` / ``pred_lenient`` by mmagent's own letter parser."""
+    text = answer_text or ""
+    pred = videomme_2024.extract_letter(text)
+    lenient = extract_choice(text, "".join(o[:1] for o in task.options or ()) or "ABCD")
+    return {"score": float(pred.lower() == str(task.answer).lower()), "pred": pred, "answered": pred != "",
+            "score_lenient": float(lenient == task.answer), "pred_lenient": lenient}
 
 
 def summarise(tasks: Sequence[Task], scores: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -182,13 +201,14 @@ def summarise(tasks: Sequence[Task], scores: Sequence[dict[str, Any]]) -> dict[s
         correct = sum(s["score"] for s in items)
         answered = sum(bool(s["answered"]) for s in items)
         out[name] = {"n": len(items), "accuracy": correct / len(items), "answered": answered / len(items),
-                     "accuracy_answered": correct / answered if answered else 0.0}
+                     "accuracy_answered": correct / answered if answered else 0.0,
+                     "accuracy_lenient": sum(float(s.get("score_lenient") or 0.0) for s in items) / len(items)}
     return out
 
 
 # --------------------------------------------------------------------------- reading the rows
 
-def _flat_rows(rows: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+def _flat_rows(rows: list[tuple[str, dict[str, Any]]], skipped: list[str]) -> list[tuple[str, dict[str, Any]]]:
     """One row per question: the official per-video JSON is flattened into the lmms-eval columns."""
     out = []
     for where, row in rows:
@@ -197,7 +217,8 @@ def _flat_rows(rows: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[s
             continue
         questions = row["questions"]
         if not isinstance(questions, list) or not questions:
-            raise DatasetError(f"{where}: field 'questions' is {questions!r}, expected a non-empty list")
+            skip_row(skipped, DatasetError(f"{where}: field 'questions' is {questions!r}, expected a non-empty list"))
+            continue
         video = {"video_id": row.get("video_id"), "url": row.get("url"),
                  "duration": row.get("duration_category", row.get("duration")),
                  "domain": row.get("video_category", row.get("domain")),
@@ -205,7 +226,8 @@ def _flat_rows(rows: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[s
                  "videoID": row.get("videoID") or _youtube_id(row.get("url")) or row.get("video_id")}
         for j, q in enumerate(questions, start=1):
             if not isinstance(q, dict):
-                raise DatasetError(f"{where}.{j}: expected a question object, got {type(q).__name__}")
+                skip_row(skipped, DatasetError(f"{where}.{j}: expected a question object, got {type(q).__name__}"))
+                continue
             out.append((f"{where}.{j}", {**video, **q, "options": q.get("options", q.get("choices"))}))
     return out
 
