@@ -106,8 +106,15 @@ def test_the_openai_client_streaming_and_not(policy):
             client.chat.completions.create(**{**ask, "temperature": 5}, stream=True)  # refused before streaming
         with pytest.raises(openai.NotFoundError, match="is not served here"):
             client.chat.completions.create(**{**ask, "model": "gpt-9"})
-        health = _get(server.url.replace("/v1", "/health"))
-        assert health["status"] == "ok" and health["completed"] >= 3 and health["queue_depth"] == 0
+        left = client.chat.completions.create(**{**ask, "max_tokens": 32}, stream=True)
+        next(iter(left))
+        left.close()  # a client that leaves mid-stream: its turn ends, the server goes on
+        assert client.chat.completions.create(**ask).choices[0].message.content == reply
+        deadline = time.monotonic() + 30
+        while (health := _get(server.url.replace("/v1", "/health")))["running"]:
+            assert time.monotonic() < deadline, "the abandoned turn never ended"
+            time.sleep(0.05)
+        assert health["status"] == "ok" and health["completed"] >= 4 and health["queue_depth"] == 0
 
 
 MALFORMED = [
