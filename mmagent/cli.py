@@ -334,38 +334,54 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def _add_serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API (transformers backend)",
                        description="Serve a model at http://HOST:PORT/v1/chat/completions, OpenAI-style (text, "
-                                   "images and videos as base64 data URLs), over the transformers backend; "
-                                   "`mmagent eval --backend openai --base-url http://HOST:PORT/v1` talks to it. "
-                                   "Episodes keep their KV cache between turns.")
+                                   "images and videos as base64 data URLs; stream=true as server-sent events), "
+                                   "over the transformers backend; `mmagent eval --backend openai --base-url "
+                                   "http://HOST:PORT/v1` talks to it. Requests that arrive together generate in "
+                                   "one batch; past --max-queue waiting ones, new ones get 503 with Retry-After. "
+                                   "Episodes keep their KV cache between turns. GET /health and /metrics show "
+                                   "requests, queue depth, tokens/s and cache bytes.")
     p.add_argument("--model", help="hub id or local folder (default: the built-in toy-world model)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default: %(default)s; 0 picks a free one)")
     p.add_argument("--served-model-name", help="the name clients send as \"model\" (default: --model)")
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
+    p.add_argument("--max-batch", type=int, default=16, help="requests generated together (default: %(default)s)")
+    p.add_argument("--max-queue", type=int, default=64, help="requests that may wait for the batch; more get 503 "
+                                                             "with Retry-After (default: %(default)s)")
     p.add_argument("--max-sessions", type=int, default=64, help="episodes whose KV cache is kept between turns "
                                                                 "(default: %(default)s)")
+    p.add_argument("--max-cache-mb", type=float, default=1024, help="memory the kept KV caches may take together "
+                                                                    "(default: %(default)s)")
+    p.add_argument("--session-ttl", type=float, default=600, help="seconds a kept episode may sit idle before its "
+                                                                  "cache is freed (default: %(default)s)")
+    p.add_argument("--max-request-mb", type=float, default=64, help="largest request body, media included "
+                                                                    "(default: %(default)s)")
     p.add_argument("--verbose", action="store_true", help="log every request")
     p.set_defaults(func=cmd_serve)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from mmagent.serve import load_engine, make_server
+    from mmagent.serve import EngineConfig, Server, load_engine
 
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"Note: binding {args.host}: anyone who can reach this machine can use the model.", flush=True)
     try:
+        config = EngineConfig(max_batch=args.max_batch, max_queue=args.max_queue, max_sessions=args.max_sessions,
+                              cache_bytes=int(args.max_cache_mb * 2 ** 20), session_ttl_s=args.session_ttl)
+        if args.max_request_mb <= 0 or args.session_ttl <= 0 or args.max_cache_mb < 0 or args.max_sessions < 0:
+            raise ValueError("--max-request-mb and --session-ttl must be positive, --max-cache-mb and "
+                             "--max-sessions at least 0")
         model = _model_or_default(args.model)
-        engine = load_engine(model, device=args.device, served_name=args.served_model_name,
-                             max_sessions=args.max_sessions)
-        server = make_server(engine, args.host, args.port, verbose=args.verbose)
+        engine = load_engine(model, device=args.device, served_name=args.served_model_name, config=config)
     except (OSError, ValueError) as exc:
         return _fail(str(exc).strip("'\""))
-    host = f"[{args.host}]" if ":" in args.host else args.host
-    print(f"Serving {engine.model_name} at http://{host}:{server.server_port}/v1 (Ctrl-C stops)", flush=True)
     try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
+        server = Server(engine, args.host, args.port, max_request_bytes=int(args.max_request_mb * 2 ** 20),
+                        verbose=args.verbose)
+    except OSError as exc:
+        return _fail(f"cannot serve on {args.host}:{args.port}: {exc} (pick another --port)")
+    print(f"Serving {engine.model_name} at {server.url} (Ctrl-C stops)", flush=True)
+    server.run()
     return 0
 
 

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -27,7 +28,7 @@ from mmagent.policy.render import MediaBudget
 from mmagent.policy.segments import concat_segments
 from mmagent.policy.openai_http import HTTPSession, OpenAIBackendError, OpenAIPolicy, restore_stop
 from mmagent.protocol import format_tool_call
-from mmagent.serve import ChatEngine
+from mmagent.serve import Conversations, SessionStore
 from mmagent.toolbox import Observation
 
 CALL = "<think>look closer</think>" + format_tool_call("zoom", {"image": "image", "box": [0, 0, 32, 32]})
@@ -94,12 +95,14 @@ def test_eval_over_http_gives_the_hf_backends_episodes(server, toy, tiny_model_d
     for a, b in zip(hf_trajs, http_trajs):
         assert [t["text"] for t in b["turns"]] == [t["text"] for t in a["turns"]]
         # the server kept each episode's KV cache: every later turn prefilled exactly what the in-process run
-        # did (the in-process batch also shares the system prompt's cache across its episodes' first turns)
+        # did; first turns share the system prompt's cache in both (the server's lives as long as the server)
         assert [t["prefill_tokens"] for t in b["turns"][1:]] == [t["prefill_tokens"] for t in a["turns"][1:]]
-        assert a["turns"][0]["prefill_tokens"] <= b["turns"][0]["prefill_tokens"] == a["prompt_length"]
+        assert b["turns"][0]["prefill_tokens"] <= a["prompt_length"]
         assert [t["num_tokens"] for t in b["turns"] if t["role"] == "assistant"] == \
                [t["num_tokens"] for t in a["turns"] if t["role"] == "assistant"]
         assert b["visual_tokens"] == a["visual_tokens"] > 0 and b["token_ids"] == []
+    firsts = [t["turns"][0]["prefill_tokens"] for t in http_trajs]
+    assert sum(firsts) < sum(t["prompt_length"] for t in hf_trajs)  # the shared head was computed once at most
     after = _get(server.replace("/v1", "/health"))
     turns = sum(r["turns"] for r in http_recs)
     assert after["requests"] - before["requests"] == turns
@@ -129,8 +132,8 @@ def test_the_server_rebuilds_the_in_process_tokens_from_messages(tiny_model_dir,
     sent.messages.append({"role": "assistant", "content": CALL})
     client.observe(sent, client.renderer.observation(obs))
 
-    engine = ChatEngine(policy, "tiny")
-    rebuilt, hit = engine._prepare(json.loads(json.dumps(sent.messages)), seed=0, fps=sent.fps)
+    conversations = Conversations(policy, "tiny", SessionStore(policy.end, policy.session_nbytes))
+    rebuilt, hit = conversations.prepare(json.loads(json.dumps(sent.messages)), seed=0, fps=sent.fps)
     assert not hit
     assert rebuilt.token_ids == ref.token_ids and rebuilt.loss_mask == ref.loss_mask
     a, b = concat_segments(ref.segments), concat_segments(rebuilt.segments)
@@ -172,6 +175,8 @@ class _Fake(BaseHTTPRequestHandler):
         }[mode]
         data = (json.dumps(body) if isinstance(body, dict) else body).encode()
         self.send_response(status)
+        if status == 503:
+            self.send_header("Retry-After", "1")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -199,7 +204,9 @@ def test_http_errors_and_replies_that_are_not_chat_completions():
         with pytest.raises(OpenAIBackendError, match=r"answered HTTP 400: messages are too long$"):
             generate("bad")
         assert (_Fake.counts["boom"], _Fake.counts["garbage"], _Fake.counts["bad"]) == (2, 1, 1)  # 4xx: no retry
-        gen, session = generate("flaky")  # a 503 is retried
+        t0 = time.monotonic()
+        gen, session = generate("flaky")  # a 503 is retried, after the Retry-After the server asked for
+        assert time.monotonic() - t0 >= 1.0
         assert gen.text == "<answer>B</answer>" and gen.num_tokens == 3 and session.num_tokens == 43
         assert session.messages[-1] == {"role": "assistant", "content": "<answer>B</answer>"}
     finally:
@@ -210,8 +217,8 @@ def test_http_errors_and_replies_that_are_not_chat_completions():
 def test_the_server_refuses_what_it_cannot_serve(server):
     url = server + "/chat/completions"
     hi = [{"role": "user", "content": "hi"}]
-    status, body = _post(url, json.dumps({"messages": hi, "stream": True}).encode())
-    assert status == 400 and "streaming" in body["error"]["message"]
+    status, body = _post(url, json.dumps({"messages": hi, "n": 2}).encode())
+    assert status == 400 and "only n=1" in body["error"]["message"]
     status, body = _post(url, json.dumps({"model": "gpt-9", "messages": hi}).encode())
     assert status == 404 and "is not served here" in body["error"]["message"]
     remote = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://example.com/a.png"}},

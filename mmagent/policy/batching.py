@@ -140,12 +140,27 @@ class DecodeStream(TurnStream):
         self.prefixes = SharedPrefixes()
         #: the most memory the stacked caches took at any decode step (what the visual budget keeps bounded)
         self.peak_cache_bytes = 0
+        #: token limits of sessions added with their own (``mmagent serve``: each request's ``max_tokens``)
+        self.limits: dict[int, int] = {}
+
+    def add(self, session: Session, max_new_tokens: int | None = None) -> None:
+        """Add ``session`` for its next turn; ``max_new_tokens`` overrides the stream's limit for this turn."""
+        super().add(session)
+        if max_new_tokens is not None:
+            self.limits[id(session)] = int(max_new_tokens)
+
+    def _limit(self, turn: TurnInProgress) -> int:
+        return self.limits.get(id(turn.session), self.max_new_tokens)
 
     def __len__(self) -> int:
         return len(self.waiting) + len(self.active)
 
     def sessions(self) -> list[Session]:
         return self.waiting + [t.session for t in self.active]
+
+    def partial(self) -> list[tuple[Session, list[int]]]:
+        """Each session mid-turn and the tokens it has generated so far (what a server streams out)."""
+        return [(t.session, list(t.generated)) for t in self.active]
 
     @torch.inference_mode()
     def step(self) -> list[tuple[Session, Generation]]:
@@ -155,13 +170,15 @@ class DecodeStream(TurnStream):
             joining, self.waiting = self.waiting, []
             fresh = []
             for t in p.begin_turns(joining, self.prefixes):
-                p.pick(t, t.logits, self.max_new_tokens)
+                p.pick(t, t.logits, self._limit(t))
                 (ended if t.done else fresh).append(t)
             if fresh:
                 self._join(fresh)
         if self.active:
             ended += self._decode()
         now = time.perf_counter()
+        for t in ended:
+            self.limits.pop(id(t.session), None)
         return [(t.session, p.finish_turn(t, now - t.t0)) for t in ended]
 
     def _join(self, turns: list[TurnInProgress]) -> None:
@@ -185,7 +202,7 @@ class DecodeStream(TurnStream):
         self.peak_cache_bytes = max(self.peak_cache_bytes, batch.nbytes())
         logits = out.logits[:, -1].float()
         for row, t in enumerate(self.active):
-            p.pick(t, logits[row], self.max_new_tokens)
+            p.pick(t, logits[row], self._limit(t))
         ended = [t for t in self.active if t.done]
         if ended:
             config = p.model.config

@@ -191,6 +191,32 @@ class HFPolicy(Policy):
         session.cache = None
         session.pending = []
 
+    def compact(self, session: HFSession) -> None:
+        """Drop the encoded inputs (pixel values above all) that are already in the session's KV cache: a
+        session that only goes on generating (``mmagent serve`` keeps many) then holds its cache and ids. Its
+        :meth:`model_inputs` are gone afterwards. Without cache reuse every turn re-runs the inputs: no-op."""
+        if not self.reuse_cache:
+            return
+        keep = {id(seg) for seg in session.pending}
+        session.segments = [seg for k, seg in enumerate(session.segments)
+                            if id(seg) in keep or k == len(session.segments) - 1]
+
+    def session_nbytes(self, session: HFSession) -> int:
+        """Bytes of tensors the session holds: its KV cache and the encoded inputs it keeps."""
+        total = 0
+        if session.cache is not None:
+            for layer in session.cache.layers:
+                for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+                    if torch.is_tensor(t):
+                        total += t.numel() * t.element_size()
+        seen: set[int] = set()
+        for seg in [*session.segments, *session.pending]:
+            for t in (seg.ids, seg.mm_types, seg.positions, *seg.vision.values()):
+                if torch.is_tensor(t) and id(t) not in seen:
+                    seen.add(id(t))
+                    total += t.numel() * t.element_size()
+        return total + 8 * len(session.token_ids)
+
     def model_inputs(self, session: HFSession) -> dict[str, torch.Tensor]:
         """The whole conversation as one forward's inputs (what training computes its loss on)."""
         return concat_segments(session.segments)

@@ -21,7 +21,8 @@ server sends one, else from the unclosed tag) so the agent's parser sees the tur
 
 Failures are :class:`OpenAIBackendError` with one readable sentence: the server cannot be reached,
 answered an HTTP error, or sent something that is not a chat completion. Connection failures, timeouts,
-HTTP 408/409/429 and 5xx are retried (``retries`` times, with backoff) before giving up.
+HTTP 408/409/429 and 5xx are retried (``retries`` times, with backoff, or after the ``Retry-After`` a busy
+server sends) before giving up.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ from mmagent.trajectory import Task
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 RETRY_STATUS = {408, 409, 429}
+#: the longest wait a server's Retry-After header can ask for between two tries
+MAX_RETRY_AFTER_S = 60.0
 
 
 class OpenAIBackendError(RuntimeError):
@@ -108,10 +111,11 @@ class OpenAIPolicy(Policy):
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        last = ""
+        last, retry_after = "", 0.0
         for attempt in range(self.retries + 1):
             if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+                time.sleep(max(self.backoff_s * 2 ** (attempt - 1), retry_after))
+            retry_after = 0.0
             req = urllib.request.Request(url, data=data, headers=headers, method=method)
             try:
                 with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
@@ -120,6 +124,7 @@ class OpenAIPolicy(Policy):
                 detail = _error_detail(exc.read())
                 last = f"{method} {url} answered HTTP {exc.code}: {detail}"
                 if exc.code in RETRY_STATUS or exc.code >= 500:
+                    retry_after = _retry_after_s(exc.headers.get("Retry-After"))
                     continue
                 raise OpenAIBackendError(last) from None
             except (urllib.error.URLError, ConnectionError, socket.timeout, TimeoutError) as exc:
@@ -264,6 +269,16 @@ def restore_stop(content: str, finish_reason: Any, stop_reason: Any = None) -> s
 
 def _int(value: Any, default: int) -> int:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+
+def _retry_after_s(value: str | None) -> float:
+    """A ``Retry-After`` header in seconds (a busy server's hint; dates and nonsense count as none), at most
+    ``MAX_RETRY_AFTER_S``."""
+    try:
+        seconds = float(value) if value is not None else 0.0
+    except ValueError:
+        return 0.0
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S) if math.isfinite(seconds) else 0.0
 
 
 def _error_detail(raw: bytes) -> str:
