@@ -11,8 +11,10 @@ as the agent shows them, the first look at its own pixel budget); loss only on w
 order (each a share of ``steps``):
 
 1. ``language``: text drills only (copy windows, lengths, coordinates, option letters), whole model;
-2. ``vision``: perception drills, only the vision tower and its merger train (the language model is
-   kept as it is, as a real VLM's first stage aligns a vision encoder to a language model);
+2. ``vision``: perception drills; with ``vision_only`` only the vision tower and its merger train (as a
+   real VLM's first stage aligns a vision encoder to a trained language model), by default the whole
+   model does: the tiny language model has not learned much yet, and training both together taught
+   colours in about 120 steps;
 3. ``all``: every drill, the whole model.
 
 :func:`drill_accuracy` scores a model on fresh rounds (greedy, exact match of the answer), per drill:
@@ -61,6 +63,8 @@ class PretrainConfig:
     #: shares of the steps spent on the language phase and the vision-only phase (the rest: everything)
     language_share: float = 0.15
     vision_share: float = 0.15
+    #: in the vision phase, train only the vision tower and merger (else the whole model)
+    vision_only: bool = False
     #: relative frequency of each drill (KINDS)
     mix: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_MIX))
     seed: int = 0
@@ -152,11 +156,11 @@ def phase_of(step: int, cfg: PretrainConfig) -> str:
     return "all"
 
 
-def _set_trainable(model: torch.nn.Module, phase: str) -> None:
+def _set_trainable(model: torch.nn.Module, phase: str, vision_only: bool) -> None:
     visual = model.model.visual
     vision_ids = {id(p) for p in visual.parameters()}
     for p in model.parameters():
-        p.requires_grad_(phase != "vision" or id(p) in vision_ids)
+        p.requires_grad_(not (vision_only and phase == "vision") or id(p) in vision_ids)
 
 
 def pretrain(cfg: PretrainConfig, progress: bool = True) -> dict[str, Any]:
@@ -185,7 +189,7 @@ def pretrain(cfg: PretrainConfig, progress: bool = True) -> dict[str, Any]:
     for step in bar:
         if phase_of(step, cfg) != phase:
             phase = phase_of(step, cfg)
-            _set_trainable(model, phase)
+            _set_trainable(model, phase, cfg.vision_only)
         rng = np.random.default_rng([cfg.seed, step])
         kinds = language if phase == "language" else PERCEPTION if phase == "vision" else KINDS
         rounds = [make_round(_draw(rng, cfg.mix, kinds), rng, world) for _ in range(cfg.rounds_per_step)]

@@ -7,8 +7,10 @@ its vision one to three supervised tokens each. Drills stand in for that pre-tra
 about it, drawn with the toy world's own renderers from a fresh random generator every time (never the
 evaluation items):
 
-* ``flash`` — eight labelled frames of a video-QA window as ``resample_frames`` returns them; one to three
-  frames show a coloured shape (or none do): "The frame at 47.25s shows a red star."
+* ``flash`` — one, two, four or eight labelled frames of a video-QA window as ``resample_frames`` returns
+  them; one to three frames show a coloured shape (or none do): "The frame at 47.25s shows a red star."
+  The short ones teach colour and shape (measured: a single frame teaches colour in about 120 steps, eight
+  frames from the start teach nothing in 300); the long ones teach which frame to name.
 * ``screen`` — eight labelled frames of a grounding video: the colour of every frame with its time.
 * ``tag`` / ``sign`` — a zoom (the real tool) on a tag or a road sign, the box a few pixels off as a
   model's would be: "The zoomed red tag reads 7." / "The green sign reads Tokyo."
@@ -57,12 +59,17 @@ class Round:
     meta: dict = field(default_factory=dict)
 
 
-def _frame_times(rng: np.random.Generator, cfg: SynthConfig, span: tuple[float, float]) -> tuple[float, float, list[float]]:
+#: how many frames a ``flash`` round shows (drawn uniformly)
+FLASH_FRAMES = (1, 2, 4, 8)
+
+
+def _frame_times(rng: np.random.Generator, cfg: SynthConfig, span: tuple[float, float], frames: int | None = None
+                 ) -> tuple[float, float, list[float]]:
     """A window of ``span`` seconds somewhere in a video and the frame times ``resample_frames`` returns in it."""
     length = float(rng.uniform(*span))
     start = round(float(rng.uniform(0, 180 - length)), int(rng.integers(0, 3)))
     end = round(start + length, 2)
-    times = [np.floor(t * cfg.fps + 1e-6) / cfg.fps for t in window_times(start, end, cfg.probe_frames)]
+    times = [np.floor(t * cfg.fps + 1e-6) / cfg.fps for t in window_times(start, end, frames or cfg.probe_frames)]
     return start, end, times
 
 
@@ -80,7 +87,7 @@ def _frames_observation(frames: Sequence[np.ndarray], times: Sequence[float], st
 
 
 def flash(rng: np.random.Generator, cfg: SynthConfig) -> Round:
-    start, end, times = _frame_times(rng, cfg, (6, 12))
+    start, end, times = _frame_times(rng, cfg, (6, 12), int(rng.choice(FLASH_FRAMES)))
     s = cfg.frame_size
     backdrop = render.drifting_backdrop(s, rng)
     shape, colour = str(rng.choice(SHAPES)), str(rng.choice(EVENT_COLOURS))
