@@ -140,7 +140,7 @@ def test_make_tiny_builds_a_qwen3_vl_that_trains_with_sft_and_rl(tmp_path, capsy
     tasks = synth.build(tmp_path / "world", per_family=1, seed=0, families=["video_qa"], progress=False)
     write_sft_data(tasks, tmp_path / "sft.jsonl", progress=False)
     sft = train_sft(SFTConfig(model=str(tmp_path / "m"), data=[str(tmp_path / "sft.jsonl")],
-                              output_dir=str(tmp_path / "sft"), max_steps=2, save_every=0, device="cpu",
+                              output_dir=str(tmp_path / "sft"), max_steps=2, grad_accum=1, save_every=0, device="cpu",
                               freeze_vision=False), progress=False)
     assert np.isfinite(sft["loss"]) and sft["loss"] > 0
     rl = train_rl(RLConfig(model=sft["final"], data=str(tmp_path / "world"), output_dir=str(tmp_path / "rl"),
@@ -174,3 +174,24 @@ def test_vllm_requests_say_what_each_family_needs_for_a_video(model_type):
     else:
         assert isinstance(video, np.ndarray) and req["mm_processor_kwargs"] == {"do_resize": False, "fps": 1.0}
         assert req["prompt"].startswith("<|im_start|>system\nS")
+
+
+def test_an_agent_over_http_against_mmagent_serve_on_qwen3_vl(qwen3, video_path):
+    """The OpenAI-compatible client (family read from the served name) against ``mmagent serve`` on Qwen3-VL: the
+    server re-renders the request for Qwen3-VL and its prompt count equals the in-process encoding of it."""
+    from mmagent.policy.messages import from_openai, to_openai
+    from mmagent.policy.openai_http import OpenAIPolicy
+    from mmagent.serve import ChatEngine, EngineConfig, Server
+
+    server = Server(ChatEngine(qwen3, "tiny-qwen3-vl", EngineConfig()), port=0)
+    server.start()
+    try:
+        client = OpenAIPolicy(base_url=server.url, model="tiny-qwen3-vl", media_budget=qwen3.media_budget)
+        assert client.family is QWEN3_VL and client.renderer.factor == 32
+        view = client.renderer.prompt("S", "What colour?", EpisodeMedia(video=video_path))
+        session = client.start(view)
+        gen = client.generate([session], 6)[0]
+        local = qwen3.start(qwen3.renderer.request(from_openai(to_openai(view.messages), view.videos[0].fps), False))
+        assert session.num_tokens == len(local.token_ids) + gen.num_tokens
+    finally:
+        server.stop()
