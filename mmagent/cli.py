@@ -20,8 +20,8 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
                        description="Answer one question about a video or an image. The agent reasons, calls "
                                    "tools, sees their images and answers; every step is printed.")
     p.add_argument("question", help="the question, in quotes")
-    p.add_argument("--model", help="hub id (e.g. Qwen/Qwen2.5-VL-7B-Instruct) or a local folder; default: the "
-                                   "built-in tiny model, trained on the toy world only")
+    p.add_argument("--model", help="hub id (e.g. Qwen/Qwen2.5-VL-7B-Instruct or Qwen/Qwen3-VL-8B-Instruct) or a "
+                                   "local folder; default: the built-in tiny model, trained on the toy world only")
     media = p.add_mutually_exclusive_group(required=True)
     media.add_argument("--video", help="path of a video file")
     media.add_argument("--image", help="path of an image file")
@@ -122,25 +122,34 @@ def cmd_tools(args: argparse.Namespace) -> int:
 
 
 def _add_make_tiny(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("make-tiny", help="build a tiny random Qwen2.5-VL offline (for trying the CLI and tests)",
-                       description="Build a tiny random Qwen2.5-VL checkpoint in DIR without downloading anything. "
-                                   "By default it is briefly trained to call resample_frames once and answer, so "
+    from mmagent.policy.families import families
+
+    names = [f.name for f in families()]
+    p = sub.add_parser("make-tiny", help="build a tiny random Qwen2.5-VL or Qwen3-VL offline (for trying the CLI and "
+                                         "tests)",
+                       description="Build a tiny random checkpoint of a model family (real model class, real "
+                                   "processor, a tokenizer trained here) in DIR without downloading anything. By "
+                                   "default it is briefly trained to call resample_frames once and answer, so "
                                    "`mmagent run` shows a whole episode.")
     p.add_argument("dir", help="folder to write the checkpoint to")
+    p.add_argument("--family", choices=names, default=names[0],
+                   help=f"model family (default {names[0]}): " + ", ".join(f"{f.name} = {f.label}" for f in families()))
     p.add_argument("--no-imprint", action="store_true", help="leave the weights random")
     p.add_argument("--video", metavar="FILE.mp4", help="also write a synthetic test video here")
     p.set_defaults(func=cmd_make_tiny)
 
 
 def cmd_make_tiny(args: argparse.Namespace) -> int:
-    from mmagent.tiny import build_tiny_qwen2_5_vl, imprint, write_synthetic_video
+    from mmagent.policy.families import get_family
+    from mmagent.tiny import build_tiny, imprint, write_synthetic_video
 
+    family = get_family(args.family)
     # The imprinted model is wider so that what it learns carries over to new questions and videos.
-    path = build_tiny_qwen2_5_vl(args.dir, hidden_size=64 if args.no_imprint else 128)
+    path = build_tiny(args.dir, family.name, hidden_size=64 if args.no_imprint else 128)
     if not args.no_imprint:
         print("Teaching the tiny model one scripted episode (about 40 s on 2 CPU cores)...", flush=True)
         imprint(path)
-    print(f"Wrote a tiny Qwen2.5-VL to {path}")
+    print(f"Wrote a tiny {family.label} to {path}")
     if args.video:
         print(f"Wrote a synthetic video to {write_synthetic_video(args.video)}")
     return 0

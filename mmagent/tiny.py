@@ -1,10 +1,10 @@
-"""Tiny random Qwen2.5-VL checkpoints built entirely in code, for tests, CI and offline demos.
+"""Tiny random Qwen2.5-VL and Qwen3-VL checkpoints built entirely in code, for tests, CI and offline demos.
 
-:func:`build_tiny_qwen2_5_vl` writes a directory that ``from_pretrained`` loads exactly like
-``Qwen/Qwen2.5-VL-7B-Instruct``: the real model class (a few layers, 64-wide), a byte-level BPE
+:func:`build_tiny` (``family="qwen2_5_vl"`` or ``"qwen3_vl"``) writes a directory that ``from_pretrained`` loads
+exactly like ``Qwen/Qwen2.5-VL-7B-Instruct`` or ``Qwen/Qwen3-VL-8B-Instruct``: the real model class (a few layers, 64-wide), a byte-level BPE
 tokenizer trained here with the ``tokenizers`` library on the agent's own vocabulary (so prompts stay
 short), Qwen's special tokens, the real image/video processors and a ChatML chat template of the same
-shape as Qwen's. Nothing is downloaded.
+shape as the family's hub template (:mod:`mmagent.policy.families`). Nothing is downloaded.
 
 :func:`imprint` optionally fine-tunes such a model for a few seconds on one scripted episode so that
 greedy decoding calls ``resample_frames`` and then answers: enough to watch the whole loop run
@@ -22,6 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
+from mmagent.policy.families import QWEN2_5_VL, get_family
 from mmagent.protocol import format_tool_call, render_system_prompt
 
 # Qwen2.5-VL's special tokens, in Qwen's order, plus the agent's tags as added (non-special) tokens.
@@ -34,21 +35,8 @@ AGENT_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_respon
 #: tools whose schemas the tiny tokenizer learns its merges from
 TOKENIZER_TOOLS = ("resample_frames", "zoom", "depth", "segment", "web_search")
 
-#: ChatML with Qwen2-VL's vision placeholders; the same shape as the hub template of Qwen2.5-VL.
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if loop.first and message['role'] != 'system' %}"
-    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
-    "<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for content in message['content'] %}"
-    "{% if content['type'] == 'image' or 'image' in content %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif content['type'] == 'video' or 'video' in content %}<|vision_start|><|video_pad|><|vision_end|>"
-    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}<|im_end|>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+#: the Qwen2.5-VL chat template (kept here for callers of the first tiny builder)
+CHAT_TEMPLATE = QWEN2_5_VL.chat_template()
 
 
 def _training_corpus() -> list[str]:
@@ -67,8 +55,9 @@ def _training_corpus() -> list[str]:
     return corpus
 
 
-def build_tokenizer(vocab_size: int = 800):
-    """A Qwen2Tokenizer with a BPE vocabulary trained here (byte-level, so any text encodes)."""
+def build_tokenizer(vocab_size: int = 800, family: str = "qwen2_5_vl"):
+    """A Qwen2Tokenizer with a BPE vocabulary trained here (byte-level, so any text encodes), with ``family``'s
+    chat template (both Qwen-VL families share Qwen2's tokenizer and special tokens)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import AddedToken
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX, Qwen2Tokenizer
@@ -88,59 +77,35 @@ def build_tokenizer(vocab_size: int = 800):
                                pad_token="<|endoftext|>", unk_token=None)
     tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS[1:]})
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in AGENT_TOKENS])
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = get_family(family).chat_template()
     return tokenizer
 
 
-def build_processor(tokenizer, min_pixels: int = 28 * 28, max_pixels: int = 112 * 112):
-    """Qwen2.5-VL's real processor (image + video processors) around ``tokenizer``."""
-    from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor, Qwen2VLVideoProcessor
-
-    image_processor = Qwen2VLImageProcessor(min_pixels=min_pixels, max_pixels=max_pixels)
-    video_processor = Qwen2VLVideoProcessor(min_pixels=min_pixels, max_pixels=max_pixels)
-    return Qwen2_5_VLProcessor(image_processor=image_processor, tokenizer=tokenizer,
-                               video_processor=video_processor, chat_template=CHAT_TEMPLATE)
+def build_processor(tokenizer, min_pixels: int = 28 * 28, max_pixels: int = 112 * 112, family: str = "qwen2_5_vl"):
+    """``family``'s real processor (image + video processors) around ``tokenizer``."""
+    return get_family(family).build_processor(tokenizer, min_pixels, max_pixels)
 
 
-def tiny_config(tokenizer, hidden_size: int = 64, num_layers: int = 2, vision_width: int = 32, vision_depth: int = 2):
-    """A Qwen2_5_VLConfig a few hundred KB in size, with the real M-RoPE and windowed vision tower."""
-    from transformers import Qwen2_5_VLConfig
-
-    ids = tokenizer.convert_tokens_to_ids
-    head_dim = hidden_size // 4
-    section = [head_dim // 8, (head_dim // 2 - head_dim // 8) // 2]
-    section.append(head_dim // 2 - sum(section))
-    return Qwen2_5_VLConfig(
-        text_config={
-            "vocab_size": len(tokenizer), "hidden_size": hidden_size, "intermediate_size": hidden_size * 2,
-            "num_hidden_layers": num_layers, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "max_position_embeddings": 4096, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
-                                                                  "mrope_section": section},
-            "bos_token_id": ids("<|endoftext|>"), "eos_token_id": ids("<|im_end|>"),
-            "pad_token_id": ids("<|endoftext|>"),
-        },
-        vision_config={"depth": vision_depth, "hidden_size": vision_width, "intermediate_size": 2 * vision_width,
-                       "num_heads": max(2, vision_width // 16), "out_hidden_size": hidden_size,
-                       "fullatt_block_indexes": [vision_depth - 1], "window_size": 112,
-                       "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2},
-        image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
-        vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
-        tie_word_embeddings=False,
-    )
+def tiny_config(tokenizer, hidden_size: int = 64, num_layers: int = 2, vision_width: int = 32, vision_depth: int = 2,
+                family: str = "qwen2_5_vl"):
+    """A config of ``family`` a few hundred KB in size, with its real M-RoPE and vision tower."""
+    return get_family(family).tiny_config(tokenizer, hidden_size=hidden_size, num_layers=num_layers,
+                                          vision_width=vision_width, vision_depth=vision_depth)
 
 
-def build_tiny_qwen2_5_vl(path: str | os.PathLike, seed: int = 0, hidden_size: int = 64, num_layers: int = 2,
-                          vision_width: int = 32, vision_depth: int = 2) -> Path:
-    """Write a tiny random Qwen2.5-VL checkpoint (model, tokenizer, processor) to ``path``."""
+def build_tiny(path: str | os.PathLike, family: str = "qwen2_5_vl", seed: int = 0, hidden_size: int = 64,
+               num_layers: int = 2, vision_width: int = 32, vision_depth: int = 2) -> Path:
+    """Write a tiny random checkpoint of ``family`` (``qwen2_5_vl`` or ``qwen3_vl``: model, tokenizer,
+    processor) to ``path``."""
     import torch
-    from transformers import Qwen2_5_VLForConditionalGeneration
 
+    fam = get_family(family)
     torch.manual_seed(seed)
-    tokenizer = build_tokenizer()
-    processor = build_processor(tokenizer)
-    config = tiny_config(tokenizer, hidden_size=hidden_size, num_layers=num_layers, vision_width=vision_width,
-                         vision_depth=vision_depth)
-    model = Qwen2_5_VLForConditionalGeneration(config).eval()
+    tokenizer = build_tokenizer(family=fam.name)
+    processor = fam.build_processor(tokenizer, 28 * 28, 112 * 112)
+    config = fam.tiny_config(tokenizer, hidden_size=hidden_size, num_layers=num_layers, vision_width=vision_width,
+                             vision_depth=vision_depth)
+    model = fam.model_class()(config).eval()
     model.generation_config.eos_token_id = config.text_config.eos_token_id
     model.generation_config.pad_token_id = config.text_config.pad_token_id
     path = Path(path)
@@ -148,6 +113,20 @@ def build_tiny_qwen2_5_vl(path: str | os.PathLike, seed: int = 0, hidden_size: i
     model.save_pretrained(path)
     processor.save_pretrained(path)
     return path
+
+
+def build_tiny_qwen2_5_vl(path: str | os.PathLike, seed: int = 0, hidden_size: int = 64, num_layers: int = 2,
+                          vision_width: int = 32, vision_depth: int = 2) -> Path:
+    """Write a tiny random Qwen2.5-VL checkpoint (model, tokenizer, processor) to ``path``."""
+    return build_tiny(path, "qwen2_5_vl", seed=seed, hidden_size=hidden_size, num_layers=num_layers,
+                      vision_width=vision_width, vision_depth=vision_depth)
+
+
+def build_tiny_qwen3_vl(path: str | os.PathLike, seed: int = 0, hidden_size: int = 64, num_layers: int = 2,
+                        vision_width: int = 32, vision_depth: int = 2) -> Path:
+    """Write a tiny random Qwen3-VL checkpoint (dense; model, tokenizer, processor) to ``path``."""
+    return build_tiny(path, "qwen3_vl", seed=seed, hidden_size=hidden_size, num_layers=num_layers,
+                      vision_width=vision_width, vision_depth=vision_depth)
 
 
 def write_synthetic_video(path: str | os.PathLike, seconds: float = 4.0, fps: int = 8,

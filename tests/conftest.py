@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny random Qwen2.5-VL checkpoints built in code, and synthetic videos.
+"""Shared fixtures: tiny random Qwen2.5-VL and Qwen3-VL checkpoints built in code, and synthetic videos.
 
 Nothing here downloads anything: the checkpoints are written by ``mmagent.tiny`` into pytest's
 temporary folders once per test session and loaded back with ``from_pretrained``.
@@ -22,13 +22,28 @@ sys.path[:] = [p for p in sys.path if Path(p or os.getcwd()).resolve() != _ROOT]
 
 import pytest  # noqa: E402
 
-from mmagent.tiny import build_tiny_qwen2_5_vl, imprint, write_synthetic_video  # noqa: E402
+from mmagent.tiny import build_tiny, build_tiny_qwen2_5_vl, imprint, write_synthetic_video  # noqa: E402
+
+#: the model families whose family-dependent tests run (``family_model_dir``)
+FAMILIES = ("qwen2_5_vl", "qwen3_vl")
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random 2-layer Qwen2.5-VL (64 wide) with its own tokenizer and the real processors."""
     return build_tiny_qwen2_5_vl(tmp_path_factory.mktemp("tiny-qwen"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_vl_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random 2-layer dense Qwen3-VL (64 wide, DeepStack into both layers) with the real Qwen3-VL processor."""
+    return build_tiny(tmp_path_factory.mktemp("tiny-qwen3-vl"), "qwen3_vl", seed=0)
+
+
+@pytest.fixture(scope="session", params=FAMILIES)
+def family_model_dir(request: pytest.FixtureRequest) -> Path:
+    """The tiny checkpoint of each family in turn: tests that use it run for Qwen2.5-VL and for Qwen3-VL."""
+    return request.getfixturevalue("tiny_model_dir" if request.param == "qwen2_5_vl" else "tiny_qwen3_vl_dir")
 
 
 @pytest.fixture(scope="session")

@@ -49,11 +49,11 @@ def _assert_same(seq, bat):
     assert all(b < a - SharedPrefixes.MIN_TOKENS for a, b in zip(first_seq, first_bat) if a != b)
 
 
-def test_scripted_episodes_of_different_lengths_match(tiny_model_dir, video_path):
+def test_scripted_episodes_of_different_lengths_match(family_model_dir, video_path):
     script = {"one": ["<answer>A</answer>"], "two": [CALL, LONG + "<answer>B</answer>"],
               "four": [CALL, LONG + CALL, CALL, "<answer>C</answer>"]}
     tasks = [Task(question="What colour?", video=str(video_path), id=k) for k in ("four", "one", "two")]
-    seq, bat = _pair(tiny_model_dir, tasks, chooser=lambda: ReplayChooser(script), max_turns=6, max_new_tokens=200)
+    seq, bat = _pair(family_model_dir, tasks, chooser=lambda: ReplayChooser(script), max_turns=6, max_new_tokens=200)
     assert [sum(t.role == "assistant" for t in x.turns) for x in bat] == [4, 1, 2]
     assert [x.answer for x in bat] == ["C", "A", "B"]
     _assert_same(seq, bat)
@@ -103,7 +103,7 @@ def test_waiting_episodes_join_as_others_finish(tiny_model_dir, video_path):
         Agent(policy, max_open=0)
 
 
-def test_a_session_joins_a_running_batch_between_tokens(tiny_model_dir, video_path):
+def test_a_session_joins_a_running_batch_between_tokens(family_model_dir, video_path):
     """The stream itself: b joins while a is mid-turn, c while both are; each turn equals its one-at-a-time run."""
     turns = {"a": LONG + CALL, "b": "<think>Red.</think><answer>B</answer>", "c": LONG + "<answer>C</answer>"}
     chooser = ReplayChooser(lambda s, t: turns[s.task.id] if t == 0 else None)
@@ -112,9 +112,9 @@ def test_a_session_joins_a_running_batch_between_tokens(tiny_model_dir, video_pa
         view = policy.renderer.prompt("You answer.", "What colour?", EpisodeMedia(video=str(video_path)))
         return policy.start(view, seed=0, task=Task(question="What colour?", id=key))
 
-    alone = HFPolicy.from_pretrained(str(tiny_model_dir), device="cpu", batch_decode=False, chooser=chooser)
+    alone = HFPolicy.from_pretrained(str(family_model_dir), device="cpu", batch_decode=False, chooser=chooser)
     expected = {k: alone.generate([session(alone, k)], 200)[0] for k in turns}
-    policy = HFPolicy.from_pretrained(str(tiny_model_dir), device="cpu", chooser=chooser)
+    policy = HFPolicy.from_pretrained(str(family_model_dir), device="cpu", chooser=chooser)
     stream = policy.stream(200)
     assert stream.joins_running
     order, got = [], {}

@@ -1,4 +1,5 @@
-"""The transformers policy on a tiny random Qwen2.5-VL: loading, encoding, positions, KV reuse, decoding."""
+"""The transformers policy on tiny random Qwen2.5-VL and Qwen3-VL models: loading, encoding, positions, KV reuse,
+decoding (every test on ``family_model_dir`` runs for both families)."""
 
 from __future__ import annotations
 
@@ -50,12 +51,14 @@ def _episode(policy: HFPolicy, video_path, turns: int = 3, images_per_obs: int =
     return session, gens
 
 
-def test_from_pretrained_loads_the_real_classes(tiny_model_dir):
-    from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor
+def test_from_pretrained_loads_the_real_classes(family_model_dir):
+    from transformers import Qwen2_5_VLProcessor, Qwen3VLProcessor
 
-    policy = _policy(tiny_model_dir)
-    assert isinstance(policy.model, Qwen2_5_VLForConditionalGeneration)
-    assert isinstance(policy.processor, Qwen2_5_VLProcessor)
+    policy = _policy(family_model_dir)
+    assert type(policy.model) is policy.family.model_class()
+    processor = {"qwen2_5_vl": Qwen2_5_VLProcessor, "qwen3_vl": Qwen3VLProcessor}[policy.family.name]
+    assert isinstance(policy.processor, processor)
+    assert policy.patch_factor == policy.family.patch_factor
     tok = policy.tokenizer
     for special in ("<|im_start|>", "<|im_end|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>"):
         assert len(tok.encode(special, add_special_tokens=False)) == 1, special
@@ -68,42 +71,44 @@ def test_missing_local_model_folder_says_what_to_do(tmp_path):
         HFPolicy.from_pretrained(str(tmp_path / "nope"))
 
 
-def test_first_prompt_encodes_video_frames_within_the_pixel_budget(tiny_model_dir, video_path):
-    policy = _policy(tiny_model_dir, media_budget=MediaBudget(video_frames=8, video_min_pixels=28 * 28,
+def test_first_prompt_encodes_video_frames_within_the_pixel_budget(family_model_dir, video_path):
+    policy = _policy(family_model_dir, media_budget=MediaBudget(video_frames=8, video_min_pixels=28 * 28,
                                                               video_max_pixels=56 * 56))
     session, view = _start(policy, EpisodeMedia(video=video_path))
     seg = session.segments[0]
     t, h, w = seg.vision["video_grid_thw"][0].tolist()
     assert t == 4  # 8 frames, two per temporal patch
-    assert h * w * 14 * 14 <= 56 * 56 * 1.01
+    patch = policy.patch_factor // 2
+    assert h * w * patch * patch <= 56 * 56 * 1.01
     # every video token placeholder was expanded once: T*H*W / merge^2 tokens, what the renderer counted
     assert int((seg.mm_types == 2).sum()) == t * h * w // 4 == view.visual_tokens
-    assert view.view_sizes["video"] == (w * 14, h * 14)
+    assert view.view_sizes["video"] == (w * patch, h * patch)
     assert view.frame_times == pytest.approx([0.25 + 0.5 * k for k in range(8)])
     assert session.loss_mask == [0] * len(session.token_ids) and session.prompt_length == len(session.token_ids)
 
 
-def test_image_episode_records_the_view_size(tiny_model_dir):
-    policy = _policy(tiny_model_dir, media_budget=MediaBudget(image_max_pixels=112 * 112))
+def test_image_episode_records_the_view_size(family_model_dir):
+    policy = _policy(family_model_dir, media_budget=MediaBudget(image_max_pixels=112 * 112))
     session, view = _start(policy, EpisodeMedia(image=Image.new("RGB", (400, 200), "white")))
     w, h = view.view_sizes["image"]
-    assert w % 28 == 0 and h % 28 == 0 and w * h <= 112 * 112 and w / h == pytest.approx(2, rel=0.3)
-    assert view.visual_tokens == (w // 28) * (h // 28) == int((session.segments[0].mm_types == 1).sum())
+    f = policy.patch_factor
+    assert w % f == 0 and h % f == 0 and w * h <= 112 * 112 and w / h == pytest.approx(2, rel=0.3)
+    assert view.visual_tokens == (w // f) * (h // f) == int((session.segments[0].mm_types == 1).sum())
 
 
-def test_incremental_positions_equal_get_rope_index_over_the_whole_sequence(tiny_model_dir, video_path):
-    policy = _policy(tiny_model_dir)
+def test_incremental_positions_equal_get_rope_index_over_the_whole_sequence(family_model_dir, video_path):
+    policy = _policy(family_model_dir)
     session, _ = _episode(policy, video_path, turns=3)
     inputs = policy.model_inputs(session)
     full, _ = policy.model.model.get_rope_index(
         inputs["input_ids"], inputs["mm_token_type_ids"], image_grid_thw=inputs["image_grid_thw"],
-        video_grid_thw=inputs["video_grid_thw"], second_per_grid_ts=inputs["second_per_grid_ts"])
+        video_grid_thw=inputs["video_grid_thw"], second_per_grid_ts=inputs.get("second_per_grid_ts"))
     assert torch.equal(full, inputs["position_ids"])
     assert inputs["input_ids"][0].tolist() == session.token_ids
 
 
-def test_every_observation_image_reaches_the_model_input(tiny_model_dir, video_path):
-    policy = _policy(tiny_model_dir)
+def test_every_observation_image_reaches_the_model_input(family_model_dir, video_path):
+    policy = _policy(family_model_dir)
     session, _ = _episode(policy, video_path, turns=3, images_per_obs=3)
     inputs = policy.model_inputs(session)
     grids = inputs["image_grid_thw"]
@@ -113,8 +118,8 @@ def test_every_observation_image_reaches_the_model_input(tiny_model_dir, video_p
     assert inputs["pixel_values"].shape[0] == int(grids.prod(-1).sum())
 
 
-def test_cached_logits_match_a_full_forward_of_the_conversation(tiny_model_dir, video_path):
-    policy = _policy(tiny_model_dir)
+def test_cached_logits_match_a_full_forward_of_the_conversation(family_model_dir, video_path):
+    policy = _policy(family_model_dir)
     session, _ = _episode(policy, video_path, turns=2)
     _observe(policy, session, _frames(1))
     incremental = policy.begin_turns([session])[0].logits  # last generated token + observation on top of the cache
@@ -124,13 +129,13 @@ def test_cached_logits_match_a_full_forward_of_the_conversation(tiny_model_dir, 
     assert torch.allclose(incremental, full, atol=1e-4), (incremental - full).abs().max()
 
 
-def test_kv_cache_reuse_prefills_only_the_new_tokens(tiny_model_dir, video_path):
+def test_kv_cache_reuse_prefills_only_the_new_tokens(family_model_dir, video_path):
     """The claim of the issue: later turns prefill the observation only, not the conversation again."""
     script = [CALL, CALL, "<answer>A</answer>"]
     prefill = {}
     texts = {}
     for reuse in (True, False):
-        policy = _policy(tiny_model_dir, reuse_cache=reuse, chooser=ReplayChooser(script))
+        policy = _policy(family_model_dir, reuse_cache=reuse, chooser=ReplayChooser(script))
         session, _ = _start(policy, EpisodeMedia(video=video_path), "You are a test.", "What colour is it?")
         before, obs_lengths, counts, out = [], [], [], []
         for k in range(3):
@@ -151,17 +156,17 @@ def test_kv_cache_reuse_prefills_only_the_new_tokens(tiny_model_dir, video_path)
     assert sum(prefill[True][1:]) * 3 < sum(prefill[False][1:])
 
 
-def test_greedy_outputs_are_the_same_with_and_without_cache_reuse(tiny_model_dir, video_path):
+def test_greedy_outputs_are_the_same_with_and_without_cache_reuse(family_model_dir, video_path):
     outs = []
     for reuse in (True, False):
-        policy = _policy(tiny_model_dir, reuse_cache=reuse)
+        policy = _policy(family_model_dir, reuse_cache=reuse)
         session, gens = _episode(policy, video_path, turns=3, max_new_tokens=8)
         outs.append(([g.token_ids for g in gens], session.token_ids))
     assert outs[0] == outs[1]
 
 
-def test_token_ids_only_grow_and_the_mask_marks_exactly_the_generated_tokens(tiny_model_dir, video_path):
-    policy = _policy(tiny_model_dir, chooser=ReplayChooser([CALL, "<answer>A</answer>"]))
+def test_token_ids_only_grow_and_the_mask_marks_exactly_the_generated_tokens(family_model_dir, video_path):
+    policy = _policy(family_model_dir, chooser=ReplayChooser([CALL, "<answer>A</answer>"]))
     session, _ = _start(policy, EpisodeMedia(video=video_path))
     snapshot = list(session.token_ids)
     expected_mask = [0] * len(snapshot)
@@ -192,8 +197,8 @@ def test_generation_stops_at_the_stop_string_and_reports_truncation(tiny_model_d
     assert gen.truncated and len(gen.token_ids) == 10
 
 
-def test_vision_tokens_are_never_generated(tiny_model_dir, video_path):
-    policy = _policy(tiny_model_dir)
+def test_vision_tokens_are_never_generated(family_model_dir, video_path):
+    policy = _policy(family_model_dir)
     image_pad = policy.tokenizer.convert_tokens_to_ids("<|image_pad|>")
     with torch.no_grad():  # make <|image_pad|> by far the likeliest next token
         policy.model.lm_head.weight[image_pad] = policy.model.lm_head.weight.abs().max() * 50
@@ -213,8 +218,8 @@ def test_sampling_is_seeded_per_session(tiny_model_dir, video_path):
     assert sample(1) != sample(2)
 
 
-def test_concat_segments_joins_vision_inputs_in_order(tiny_model_dir, video_path):
-    policy = _policy(tiny_model_dir)
+def test_concat_segments_joins_vision_inputs_in_order(family_model_dir, video_path):
+    policy = _policy(family_model_dir)
     session, _ = _episode(policy, video_path, turns=2, images_per_obs=2)
     joined = concat_segments(session.segments)
     assert joined["input_ids"].shape == (1, len(session.token_ids))

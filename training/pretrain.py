@@ -96,7 +96,7 @@ def start_session(policy: HFPolicy, system: str, first: Round) -> HFSession:
     """A conversation whose first message is ``system`` and whose first user turn shows round ``first``."""
     shown = round_view(policy, first)
     messages = [Message("system", [Part(text=system)])] + list(shown.messages)
-    return policy.start(View(messages, False, shown.visual_tokens, None))
+    return policy.start(View(messages, False, shown.visual_tokens, None, policy.family))
 
 
 def encode_round(policy: HFPolicy, r: Round, system: str) -> EncodedEpisode:

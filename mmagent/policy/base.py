@@ -26,7 +26,8 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from mmagent.policy.render import PATCH_FACTOR, MediaBudget, Renderer, View
+from mmagent.policy.families import DEFAULT_FAMILY, Family
+from mmagent.policy.render import MediaBudget, Renderer, View
 from mmagent.policy.sampling import SamplingConfig
 from mmagent.trajectory import Task
 
@@ -122,8 +123,10 @@ class Policy(abc.ABC):
 
     #: the pixel budget every view of this policy is rendered within
     media_budget: MediaBudget
-    #: pixels per visual token side of the model (Qwen2.5-VL: 28)
-    patch_factor: int = PATCH_FACTOR
+    #: the model family views are rendered for (chat format, visual-token size, timestamps)
+    family: Family = DEFAULT_FAMILY
+    #: pixels per visual token side of the model; None: the family's (Qwen2.5-VL 28, Qwen3-VL 32)
+    patch_factor: int | None = None
     #: True when ``start`` may run in a worker thread while other sessions generate (it reads shared state
     #: only), so opening media overlaps with generation; the built-in backends set it
     thread_safe_start: bool = False
@@ -133,8 +136,8 @@ class Policy(abc.ABC):
 
     @property
     def renderer(self) -> Renderer:
-        """What renders this policy's views: its pixel budget and patch size."""
-        return Renderer(self.media_budget, self.patch_factor)
+        """What renders this policy's views: its pixel budget, patch size and model family."""
+        return Renderer(self.media_budget, self.patch_factor, self.family)
 
     @abc.abstractmethod
     def start(self, view: View, seed: int = 0, task: Task | None = None) -> Session:

@@ -1,4 +1,4 @@
-"""The transformers backend: Qwen2.5-VL (and same-family models) with a KV cache kept across turns.
+"""The transformers backend: Qwen2.5-VL and Qwen3-VL (dense and MoE) with a KV cache kept across turns.
 
 Each view the agent renders becomes a :class:`~mmagent.policy.segments.Segment`: the view's text and fitted
 media through the model's real processor, with M-RoPE positions placed after what the session holds.
@@ -14,6 +14,10 @@ records how many tokens each turn ran through the model, which is how the reuse 
 Open episodes generate together (``batch_decode=True``, the default) through the continuous-batching
 stream of :mod:`mmagent.policy.batching`; one session alone decodes here, token by token. Tokens are picked
 by a :class:`~mmagent.policy.sampling.TokenChooser` (sampling, or scripted turns in tests and SFT data).
+
+The model's family (:func:`~mmagent.policy.families.family_of` its config) decides how views are rendered and
+what video metadata the processor gets; nothing below branches on it. A checkpoint of another family is
+refused with the list of supported ones.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from transformers import DynamicCache
 
 from mmagent.policy.base import Generation, Policy, Session, TurnStream
 from mmagent.policy.batching import DecodeStream, SharedPrefixes, TurnInProgress, forward_many
+from mmagent.policy.families import Family, family_of
 from mmagent.policy.placement import budget_for, is_local, placement
 from mmagent.policy.render import (IM_END, IMAGE_PAD, VIDEO_PAD, VISION_END, VISION_START, MediaBudget, Message,
                                    Part, VideoClip, View)
@@ -63,7 +68,9 @@ class HFPolicy(Policy):
 
     def __init__(self, model: Any, processor: Any, media_budget: MediaBudget | None = None,
                  sampling: SamplingConfig | None = None, reuse_cache: bool = True,
-                 chooser: TokenChooser | None = None, batch_decode: bool = True) -> None:
+                 chooser: TokenChooser | None = None, batch_decode: bool = True, family: Family | None = None) -> None:
+        #: raises UnsupportedModel (naming the supported families) for a model of another family
+        self.family = family or family_of(model.config)
         self.model = model.eval()
         self.processor = processor
         self.tokenizer = processor.tokenizer
@@ -88,13 +95,13 @@ class HFPolicy(Policy):
     @classmethod
     def from_pretrained(cls, name_or_path: str, device: str | None = None, dtype: Any = None,
                         media_budget: MediaBudget | None = None, **kwargs: Any) -> "HFPolicy":
-        """Load ``name_or_path`` (a hub id such as ``Qwen/Qwen2.5-VL-7B-Instruct`` or a local folder) on
-        ``device`` in ``dtype`` (defaults: :func:`~mmagent.policy.placement.placement`).
+        """Load ``name_or_path`` (a hub id such as ``Qwen/Qwen2.5-VL-7B-Instruct`` or
+        ``Qwen/Qwen3-VL-8B-Instruct``, or a local folder) on ``device`` in ``dtype`` (defaults: :func:`~mmagent.policy.placement.placement`).
 
         A folder written by mmagent's trainers holds ``mmagent.json`` with the pixel budget it was trained
         at; that budget is used unless ``media_budget`` is given.
         """
-        from transformers import AutoModelForImageTextToText, AutoProcessor
+        from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
         device, dtype = placement(device, dtype)
         if is_local(name_or_path) and not os.path.isdir(os.path.expanduser(name_or_path)):
@@ -102,6 +109,7 @@ class HFPolicy(Policy):
                                     f"`mmagent make-tiny {name_or_path}`, or pass a hub id)")
         name_or_path = os.path.expanduser(name_or_path)
         try:
+            family_of(AutoConfig.from_pretrained(name_or_path))  # before any weights: name the supported families
             processor = AutoProcessor.from_pretrained(name_or_path)
             model = AutoModelForImageTextToText.from_pretrained(name_or_path, dtype=dtype)
         except OSError as exc:
@@ -114,20 +122,22 @@ class HFPolicy(Policy):
         return next(self.model.parameters()).device
 
     def _check_chat_template(self) -> None:
-        """Warn when the model's own chat template writes a prompt other than the renderer's ChatML (views
-        are rendered for the Qwen2.5-VL family; a model trained on another format would read them wrong)."""
+        """Warn when the model's own chat template writes a prompt other than the renderer's (views are
+        rendered for the model's family; a model trained on another format would read them wrong)."""
         if not getattr(self.processor, "chat_template", None):
             return
         probe = View([Message("system", [Part(text="S")]),
                       Message("user", [Part(video=VideoClip([Image.new("RGB", (28, 28))], [0.0], 1.0)),
-                                       Part(image=Image.new("RGB", (28, 28))), Part(text="Q")])], continues=False)
+                                       Part(image=Image.new("RGB", (28, 28))), Part(text="Q")])], continues=False,
+                     family=self.family)
         templated = self.processor.apply_chat_template(
             [{"role": "system", "content": "S"},
              {"role": "user", "content": [{"type": "video"}, {"type": "image"}, {"type": "text", "text": "Q"}]}],
             tokenize=False, add_generation_prompt=True)
         if templated != probe.text():
-            log.warning("this model's chat template writes %r where mmagent renders %r: prompts follow Qwen2.5-VL's "
-                        "ChatML, which this model may not read as it was trained", templated, probe.text())
+            log.warning("this model's chat template writes %r where mmagent renders %r: prompts follow %s's chat "
+                        "format, which this model may not read as it was trained", templated, probe.text(),
+                        self.family.label)
 
     # ----- encoding -------------------------------------------------------------------------------
     def _encode(self, session: HFSession, view: View) -> Segment:
@@ -140,8 +150,9 @@ class HFPolicy(Policy):
             from transformers.video_utils import VideoMetadata
 
             arrays = [clip.array() for clip in view.videos]
-            meta = [VideoMetadata(total_num_frames=len(a), fps=clip.fps, frames_indices=list(range(len(a))),
-                                  width=clip.size[0], height=clip.size[1]) for a, clip in zip(arrays, view.videos)]
+            meta = [VideoMetadata(total_num_frames=len(a), width=clip.size[0], height=clip.size[1],
+                                  **self.family.video_metadata(clip.padded_times(), clip.fps))
+                    for a, clip in zip(arrays, view.videos)]
             kwargs.update(videos=arrays, video_metadata=meta, do_sample_frames=False, cap_pixels_per_frame=True)
         if view.images or view.videos:
             kwargs["do_resize"] = False  # the renderer sized them within the pixel budget

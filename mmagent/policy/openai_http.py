@@ -15,6 +15,15 @@ these trajectories are for evaluation, not training. The agent's budgets still h
   three characters a token);
 * visual tokens: the renderer's count, from the sizes the images are sent at (what the server will see).
 
+What is sent for each model family (:attr:`OpenAIPolicy.family`, given or read from the served model's name):
+the messages of the views rendered for that family, so a server applying the family's hub chat template writes
+:meth:`View.text`. Qwen2.5-VL: the first prompt's video as a frame list plus ``mm_processor_kwargs={"fps": ...,
+"do_resize": False}`` (the M-RoPE time axis); observation frames as images named with their times. Qwen3-VL:
+the same parts and ``mm_processor_kwargs`` (its images and frames fitted to 32-pixel tokens), observation
+frames each preceded by its time as ``<t seconds>`` text; the server writes the first-look video's
+``<t seconds>`` itself from ``fps`` (frame ``k`` at ``k / fps``: the chat API carries no per-frame times, so
+these are up to half a sampling interval earlier than the centres of the slices the frames were taken at).
+
 Generation stops at the protocol's stop strings (``</tool_call>``, ``</answer>``). OpenAI-style servers
 leave the matched stop string out of the text; it is put back (from vLLM's ``stop_reason`` when the
 server sends one, else from the unclosed tag) so the agent's parser sees the turn as the model wrote it.
@@ -41,7 +50,8 @@ from typing import Any, Sequence
 
 from mmagent.policy.base import Generation, Policy, Session, TurnStream
 from mmagent.policy.messages import to_openai
-from mmagent.policy.render import PATCH_FACTOR, MediaBudget, View
+from mmagent.policy.families import Family, family_for_name, get_family
+from mmagent.policy.render import MediaBudget, View
 from mmagent.policy.sampling import SamplingConfig
 from mmagent.protocol import ANSWER_CLOSE, ANSWER_OPEN, CALL_CLOSE, CALL_OPEN, STOP_STRINGS
 from mmagent.trajectory import Task
@@ -91,7 +101,8 @@ class OpenAIPolicy(Policy):
     def __init__(self, base_url: str = DEFAULT_BASE_URL, model: str | None = None, api_key: str | None = None,
                  media_budget: MediaBudget | None = None, temperature: float = 0.0, top_p: float = 1.0,
                  timeout_s: float = 600.0, retries: int = 3, backoff_s: float = 0.5, max_concurrency: int = 8,
-                 extra_body: dict[str, Any] | None = None, patch_factor: int = PATCH_FACTOR) -> None:
+                 extra_body: dict[str, Any] | None = None, patch_factor: int | None = None,
+                 family: Family | str | None = None) -> None:
         self.base_url = normalise_base_url(base_url)
         self.model = model
         self.api_key = api_key
@@ -103,6 +114,9 @@ class OpenAIPolicy(Policy):
         self.max_concurrency = max(1, int(max_concurrency))
         self.extra_body = dict(extra_body or {})
         self.patch_factor = patch_factor
+        #: the served model's family (given, or read from its name; Qwen2.5-VL when the name says nothing)
+        self._family_given = family is not None
+        self.family = get_family(family) if isinstance(family, str) else family or family_for_name(model)
 
     # ----- HTTP -----------------------------------------------------------------------------------
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -157,6 +171,8 @@ class OpenAIPolicy(Policy):
             self.model = str(listing["data"][0]["id"])
         except (KeyError, IndexError, TypeError):
             raise OpenAIBackendError(f"{self.base_url}/models lists no model; pass --model NAME") from None
+        if not self._family_given:
+            self.family = family_for_name(self.model)
         return self.model
 
     def _complete(self, session: HTTPSession, max_new_tokens: int) -> Generation:

@@ -15,9 +15,12 @@ and :attr:`View.videos`; the OpenAI-compatible client sends the messages as cont
 (:mod:`mmagent.policy.messages`); ``mmagent serve`` turns such a request back into a view with
 :meth:`Renderer.fit`. So every backend shows the model the same conversation.
 
-The model family is Qwen2.5-VL (and models that share its chat format): 28-pixel visual tokens (14-pixel
-patches, 2x2 merge), videos in slabs of two frames, ChatML with ``<|vision_start|>`` placeholders. Its
-stock chat template drops images in ``tool``-role turns, so observations are user turns.
+What differs between model families (the size of a visual token, the default system turn, how a frame's time
+is written, the video metadata) is asked of the view's :class:`~mmagent.policy.families.Family`
+(:mod:`mmagent.policy.families`: Qwen2.5-VL, Qwen3-VL); nothing here branches on a family. Both write
+Qwen's ChatML with ``<|vision_start|>`` placeholders; observations are user turns wrapped in
+``<tool_response>`` (Qwen2.5-VL's stock template drops images in ``tool``-role turns; Qwen3-VL's writes a tool
+turn as exactly this user turn).
 """
 
 from __future__ import annotations
@@ -33,14 +36,15 @@ from mmagent.media import EpisodeMedia, VideoReader
 from mmagent.protocol import RESPONSE_CLOSE, RESPONSE_OPEN
 from mmagent.toolbox.base import Frame, Observation
 
-# Qwen's ChatML and vision placeholders.
-IM_START, IM_END = "<|im_start|>", "<|im_end|>"
-VISION_START, VISION_END = "<|vision_start|>", "<|vision_end|>"
-IMAGE_PAD, VIDEO_PAD = "<|image_pad|>", "<|video_pad|>"
-#: the system turn Qwen's chat template writes when a conversation has none
-DEFAULT_SYSTEM = "You are a helpful assistant."
-#: pixels per visual token side (14-pixel patches, 2x2 merge)
-PATCH_FACTOR = 28
+from mmagent.policy.families import DEFAULT_FAMILY, Family
+from mmagent.policy.families.base import IM_END, IM_START, IMAGE_PAD, VIDEO_PAD, VISION_END, VISION_START
+
+__all__ = ["IM_END", "IM_START", "IMAGE_PAD", "VIDEO_PAD", "VISION_END", "VISION_START"]
+
+#: the system turn Qwen2.5-VL's chat template writes when a conversation has none
+DEFAULT_SYSTEM = DEFAULT_FAMILY.default_system
+#: pixels per visual token side of the default family (Qwen2.5-VL: 14-pixel patches, 2x2 merge)
+PATCH_FACTOR = DEFAULT_FAMILY.patch_factor
 #: video frames per temporal patch: a video's visual tokens are ceil(frames / 2) * (h / 28) * (w / 28)
 TEMPORAL_PATCH = 2
 
@@ -109,6 +113,10 @@ class VideoClip:
         """The frames repeated at the end to whole temporal patches, as qwen-vl-utils pads them."""
         return self.frames + [self.frames[-1]] * (-len(self.frames) % TEMPORAL_PATCH)
 
+    def padded_times(self) -> list[float]:
+        """The time of each padded frame (the last one repeated like its frame)."""
+        return self.times + [self.times[-1]] * (-len(self.times) % TEMPORAL_PATCH)
+
     def array(self) -> np.ndarray:
         """The padded frames as a (T, H, W, 3) uint8 array (what the video processors take)."""
         return np.stack([np.asarray(f) for f in self.padded()])
@@ -156,6 +164,8 @@ class View:
     visual_tokens: int = 0
     #: the tool observation shown (None for a first prompt or a request)
     observation: Observation | None = None
+    #: the model family whose chat format :meth:`text` writes
+    family: Family = DEFAULT_FAMILY
 
     @property
     def parts(self) -> list[Part]:
@@ -192,8 +202,8 @@ class View:
                        for m in self.messages)
         if self.continues:
             return (IM_END if close_turn else "") + "\n" + body + f"{IM_START}assistant\n"
-        if not self.messages or self.messages[0].role != "system":
-            body = f"{IM_START}system\n{DEFAULT_SYSTEM}{IM_END}\n" + body
+        if (not self.messages or self.messages[0].role != "system") and self.family.default_system is not None:
+            body = f"{IM_START}system\n{self.family.default_system}{IM_END}\n" + body
         return body + f"{IM_START}assistant\n"
 
 
@@ -215,11 +225,14 @@ def image_names(handles: Sequence[str], labels: Sequence[str], n: int) -> list[s
 
 
 class Renderer:
-    """Renders views within a pixel budget, for models with ``factor``-pixel visual tokens."""
+    """Renders views within a pixel budget for a model ``family`` (``factor``: pixels per visual token side,
+    the family's unless given)."""
 
-    def __init__(self, budget: MediaBudget | None = None, factor: int = PATCH_FACTOR) -> None:
+    def __init__(self, budget: MediaBudget | None = None, factor: int | None = None,
+                 family: Family = DEFAULT_FAMILY) -> None:
         self.budget = budget or MediaBudget()
-        self.factor = factor
+        self.family = family
+        self.factor = factor or family.patch_factor
 
     # ----- sizes and costs ------------------------------------------------------------------------
     def fit(self, image: Image.Image, kind: str) -> Image.Image:
@@ -253,7 +266,7 @@ class Renderer:
     def _view(self, messages: list[Message], continues: bool, observation: Observation | None = None) -> View:
         tokens = sum(self.video_tokens(p.video) if p.video is not None else self.image_tokens(p.image.size)
                      for m in messages for p in m.parts if p.kind != "text")
-        return View(messages, continues, tokens, observation)
+        return View(messages, continues, tokens, observation, self.family)
 
     # ----- the steps of an episode ----------------------------------------------------------------
     def prompt(self, system_prompt: str, question: str, media: EpisodeMedia) -> View:
@@ -270,14 +283,19 @@ class Renderer:
         return self._view([Message("system", [Part(text=system_prompt)]), Message("user", content)], False)
 
     def observation(self, observation: Observation) -> View:
-        """A tool's observation as a user turn: ``<tool_response>``, its text, each image named, the close tag."""
+        """A tool's observation as a user turn: ``<tool_response>``, its text, each image named, the close tag.
+        A video frame (the tool says its times in ``data["timestamps"]``) is also preceded by its time as the
+        family writes it (Qwen3-VL: ``<12.5 seconds>``; Qwen2.5-VL: nothing more than its name)."""
         images = observation.images
         names = image_names(observation.handles, observation.image_labels, len(images))
         handles = observation.handles or [None] * len(images)
+        times = observation.data.get("timestamps") if isinstance(observation.data, dict) else None
+        stamps = ([self.family.frame_time_text(float(t)) for t in times]
+                  if isinstance(times, (list, tuple)) and len(times) == len(images) else [""] * len(images))
         parts: list[Part] = []
         text = RESPONSE_OPEN + "\n" + observation.text
-        for image, name, handle in zip(images, names, handles):
-            parts.append(Part(text=text + "\n" + name + ": "))
+        for image, name, handle, stamp in zip(images, names, handles, stamps):
+            parts.append(Part(text=text + "\n" + name + ": " + stamp))
             parts.append(Part(image=self.fit(image, "observation"), handle=handle, source_size=image.size))
             text = ""
         parts.append(Part(text=text + "\n" + RESPONSE_CLOSE))

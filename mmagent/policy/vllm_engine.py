@@ -9,8 +9,17 @@ writes, each image or video one placeholder) and its fitted images and video. Ev
 prompt with all its images (``multi_modal_data={"image": [...], "video": [...]}``) to ``LLM.generate``, one
 request per open episode, so vLLM batches the episodes and its prefix cache (``enable_prefix_caching=True``)
 skips recomputing what earlier turns already ran. The frames and images come sized by the renderer and
-are passed with ``mm_processor_kwargs={"fps": ..., "do_resize": False}`` so the processor neither resizes
-them nor guesses the frame rate (the M-RoPE time positions need it).
+are passed with ``do_resize=False`` so the processor does not resize them. What goes with a video depends on the
+model's family (:meth:`Family.vllm_video <mmagent.policy.families.Family.vllm_video>`):
+
+* Qwen2.5-VL: the (T, H, W, 3) frames, and ``mm_processor_kwargs={"fps": ..., "do_resize": False}`` so the
+  processor does not guess the frame rate (the M-RoPE time positions need it);
+* Qwen3-VL: ``(frames, metadata)`` whose metadata carries the frames' real times (``frames_indices`` = the
+  times, ``fps=1``), and ``mm_processor_kwargs={"do_sample_frames": False, "do_resize": False}``: vLLM's
+  processor writes the ``<t seconds>`` text before each slab from it, as the transformers backend does.
+
+The text is :meth:`View.text` for the family either way (Qwen3-VL: no default system turn; tool frames
+preceded by ``<t seconds>``). The family is read from the engine's model config.
 
 ``limit_mm_per_prompt`` (vLLM refuses more images per prompt than it says, default 1) is set from
 ``max_images`` (default 32) and one video; the agent turns images past it into a text note
@@ -39,7 +48,8 @@ from typing import Any, Sequence
 from PIL import Image
 
 from mmagent.policy.base import Generation, Policy, Session
-from mmagent.policy.render import IM_END, PATCH_FACTOR, MediaBudget, View
+from mmagent.policy.families import DEFAULT_FAMILY, Family, family_of
+from mmagent.policy.render import IM_END, MediaBudget, View
 from mmagent.protocol import STOP_STRINGS
 from mmagent.trajectory import Task
 
@@ -65,6 +75,8 @@ class VLLMSession(Session):
     images: list[Image.Image] = field(default_factory=list)
     video: Any = None  # (T, H, W, 3) uint8 frames
     fps: float | None = None
+    #: seconds of each of the video's (padded) frames
+    video_times: list[float] = field(default_factory=list)
     context_tokens: int = 0
     turn: int = 0
     #: token_in_out: the conversation as ids with one placeholder per image/video (what vLLM is sent)
@@ -75,15 +87,22 @@ class VLLMSession(Session):
         return self.context_tokens
 
 
+def _engine_family(llm: Any) -> Family:
+    """The family of the model in a ``vllm.LLM`` (its HF config), or the default one when it cannot be read."""
+    config = getattr(getattr(getattr(llm, "llm_engine", None), "model_config", None), "hf_config", None)
+    return family_of(config) if config is not None else DEFAULT_FAMILY
+
+
 class VLLMPolicy(Policy):
     """A model in a ``vllm.LLM`` engine as the agent's policy."""
 
     thread_safe_start = True
 
     def __init__(self, llm: Any, media_budget: MediaBudget | None = None, temperature: float = 0.0,
-                 top_p: float = 1.0, max_images: int = 32, patch_factor: int = PATCH_FACTOR,
-                 token_in_out: bool = False) -> None:
+                 top_p: float = 1.0, max_images: int = 32, patch_factor: int | None = None,
+                 token_in_out: bool = False, family: Family | None = None) -> None:
         self.llm = llm
+        self.family = family or _engine_family(llm)
         self.token_in_out = token_in_out
         self.tokenizer = llm.get_tokenizer() if token_in_out else None
         self.im_end_id = self.tokenizer.convert_tokens_to_ids(IM_END) if token_in_out else None
@@ -120,7 +139,7 @@ class VLLMPolicy(Policy):
             session.prompt_ids += self._tokens(text)
         session.images += view.images
         for clip in view.videos:
-            session.video, session.fps = clip.array(), clip.fps
+            session.video, session.fps, session.video_times = clip.array(), clip.fps, clip.padded_times()
         added = view.visual_tokens + math.ceil(len(text) / 3)
         session.context_tokens += added
         return added
@@ -134,16 +153,15 @@ class VLLMPolicy(Policy):
         mm: dict[str, Any] = {}
         if session.images:
             mm["image"] = list(session.images)
+        video_kwargs: dict[str, Any] = {}
         if session.video is not None:
-            mm["video"] = [session.video]
+            item, video_kwargs = self.family.vllm_video(session.video, session.video_times, session.fps)
+            mm["video"] = [item]
         req: dict[str, Any] = ({"prompt_token_ids": list(session.prompt_ids)} if self.token_in_out
                                else {"prompt": session.prompt})
         if mm:
             req["multi_modal_data"] = mm
-            kwargs: dict[str, Any] = {"do_resize": False}
-            if session.fps is not None:
-                kwargs["fps"] = session.fps
-            req["mm_processor_kwargs"] = kwargs
+            req["mm_processor_kwargs"] = {"do_resize": False, **video_kwargs}
         return req
 
     def generate(self, sessions: Sequence[VLLMSession], max_new_tokens: int) -> list[Generation]:
