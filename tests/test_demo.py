@@ -94,8 +94,9 @@ def test_missing_inputs_and_bad_uploads_become_a_message(tiny_model_dir, video_p
 
 
 # ----- one episode, streamed ----------------------------------------------------------------------
-def test_episode_streams_thoughts_calls_images_and_answer(tiny_model_dir, video_path, tmp_path):
-    runner = _runner(tiny_model_dir, [RESAMPLE, ANSWER], tmp_path)
+def test_episode_streams_thoughts_calls_images_and_answer(family_model_dir, video_path, tmp_path):
+    """For each model family: the page shows what the agent did, and the tool's frames are what it saw."""
+    runner = _runner(family_model_dir, [RESAMPLE, ANSWER], tmp_path)
     updates, last = _last(runner.stream(str(video_path), None, "What colour is shown at 1.5 s?",
                                         options="A. green\nB. red", max_turns=4))
     # first the question and the prompt's frames, then one update per turn, then the final one

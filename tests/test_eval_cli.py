@@ -23,8 +23,9 @@ def toy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def test_eval_synth_prints_the_table_and_writes_the_scores(toy: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
-    out = _mmagent("eval", "--bench", "synth", "--data-dir", str(toy), "--model", str(tiny_model_dir), "--device",
+def test_eval_synth_prints_the_table_and_writes_the_scores(toy: Path, family_model_dir: Path, tmp_path: Path) -> None:
+    """For each model family: a whole eval run from the command line."""
+    out = _mmagent("eval", "--bench", "synth", "--data-dir", str(toy), "--model", str(family_model_dir), "--device",
                    "cpu", "--quiet", "--out", str(tmp_path / "scores.json"))
     assert out.returncode == 0, out.stderr
     assert "| video_qa | 1 |" in out.stdout and "| overall | 4 |" in out.stdout
