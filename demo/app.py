@@ -9,7 +9,9 @@ as JSON (and as a zip with its images).
 
 One model serves every visitor, so episodes run one at a time (Gradio queues the rest and shows their
 place). Uploads are checked before anything runs (:mod:`mmagent.demo.uploads`). A bad file, a tool that fails
-and a model that raises all end up as a message in the page; the app keeps serving.
+and a model that raises all end up as a one-line message in the page that names the user's file
+(:mod:`mmagent.demo.errors`); the app keeps serving. A video browsers cannot play is shown through an H.264
+copy (:mod:`mmagent.demo.display`); the agent still reads the file that was uploaded.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ from mmagent.agent import Agent, Budgets
 from mmagent.media import MediaError, load_image, open_video
 from mmagent.policy.base import Policy
 from mmagent.toolbox.registry import resolve_tools
+from mmagent.demo.display import browser_playable, playable_copy
 from mmagent.demo.episode_view import EpisodeView, GalleryItem, export_trajectory, prompt_items, question_message
+from mmagent.demo.errors import user_message
 from mmagent.demo.examples import Example
 from mmagent.demo.uploads import IMAGE_TYPES, VIDEO_TYPES, UploadError, UploadLimits, check_image, check_video
 
@@ -73,6 +77,19 @@ class DemoRunner:
         self._lock = threading.Lock()  # the policy's sessions and caches are not thread-safe
 
     # ----- inputs ---------------------------------------------------------------------------------
+    def display_video(self, video: str | None) -> tuple[str | None, str | None]:
+        """What the page's player shows for an uploaded ``video``: the file itself when browsers play it, else an
+        H.264 copy (the agent still reads the upload); and a status line when it is a copy."""
+        if not video or browser_playable(video):
+            return video, None
+        try:
+            copy = playable_copy(video, self.work_dir / "display", uuid.uuid4().hex[:12])
+        except Exception as exc:  # a file no decoder reads: the upload check says so when asked about it
+            log.info("no display copy of %s: %s", video, exc)
+            return None, None
+        return str(copy), (f"ℹ️ {Path(video).name} is in a format browsers cannot play: the player shows a copy; "
+                           "the agent reads your file.")
+
     def _checked_inputs(self, video: str | None, image: str | None, question: str | None,
                         options: str | None, tools: Sequence[str] | None) -> tuple[str, list[str] | None, list[str]]:
         question = (question or "").strip()
@@ -108,7 +125,7 @@ class DemoRunner:
             question, opts, chosen = self._checked_inputs(video, image, question, options, tools)
             shown = self._prompt_frames(video, image)
         except (UploadError, MediaError) as exc:
-            yield Update(f"❌ {exc}", [], [], "")
+            yield Update(f"❌ {user_message(exc, [video, image])}", [], [], "")
             return
         view = EpisodeView(messages=[question_message(question, opts)])
         agent = Agent(self.policy, tools=[self._tools[name] for name in chosen],
@@ -132,10 +149,12 @@ class DemoRunner:
                 except EpisodeStopped:
                     events.put(("stopped", None))
                 except MediaError as exc:
-                    events.put(("failed", f"could not read the media: {exc}"))
+                    log.info("episode media failed: %s", exc)
+                    events.put(("failed", f"could not read the media: {user_message(exc, [video, image])}"))
                 except Exception as exc:  # a model or backend failure: report it, keep serving
                     log.exception("episode failed")
-                    events.put(("failed", f"the model failed: {type(exc).__name__}: {exc}"))
+                    events.put(("failed", "the model failed: "
+                                          + user_message(f"{type(exc).__name__}: {exc}", [video, image])))
 
         threading.Thread(target=work, name="mmagent-demo-episode", daemon=True).start()
         t0 = time.perf_counter()
@@ -175,7 +194,10 @@ class DemoRunner:
         turns = sum(t.role == "assistant" for t in traj.turns)
         stop = {"answer": "answered", "max_turns": "stopped: turn limit reached",
                 "max_tokens": "stopped: context limit reached"}.get(traj.stop_reason, f"stopped: {traj.stop_reason}")
-        note = f" — {traj.info['error']}" if traj.info.get("error") else ""
+        note = f" — {user_message(traj.info['error'], [traj.task.video, traj.task.image])}" \
+            if traj.info.get("error") else ""
+        if traj.info.get("invalid_answer"):
+            note += f" — invalid answer: {traj.info['invalid_answer']}"
         icon = "✅" if traj.stop_reason == "answer" else "⚠️"
         return (f"{icon} {stop}{note} · {turns} turn{'s' * (turns != 1)}, {calls} tool call{'s' * (calls != 1)}, "
                 f"{seconds:.1f} s")
@@ -190,9 +212,13 @@ def build_app(runner: DemoRunner, examples: Sequence[Example] = (), title: str =
                     f"they return and answers.\n\n**Model:** {runner.model_label or 'custom'}")
         with gr.Row():
             with gr.Column(scale=2):
-                video = gr.Video(label=f"Video ({', '.join(VIDEO_TYPES)}; up to {runner.limits.max_video_s:g} s, "
-                                       f"{runner.limits.max_video_mb:g} MB)",
-                                 sources=["upload"], format=None, include_audio=True, elem_id="mm-video")
+                # The upload is a file box, not a player: a browser asked to play a codec it lacks shows an error
+                # toast, so the player below gets the file itself only when browsers play it, else a copy.
+                video = gr.File(label=f"Video ({', '.join(VIDEO_TYPES)}; up to {runner.limits.max_video_s:g} s, "
+                                      f"{runner.limits.max_video_mb:g} MB)", file_types=list(VIDEO_TYPES),
+                                file_count="single", type="filepath", elem_id="mm-video")
+                player = gr.Video(label="The video, as your browser plays it", interactive=False, format=None,
+                                  include_audio=True, elem_id="mm-player")
                 image = gr.Image(label=f"Image ({', '.join(IMAGE_TYPES)}; up to {runner.limits.max_image_mb:g} MB)",
                                  type="filepath", sources=["upload"], elem_id="mm-image")
                 question = gr.Textbox(label="Question", lines=2, placeholder="What happens after the red circle appears?",
@@ -221,6 +247,12 @@ def build_app(runner: DemoRunner, examples: Sequence[Example] = (), title: str =
                 files = gr.File(label="Trajectory (JSON, and a zip with its images)", file_count="multiple",
                                 interactive=False, elem_id="mm-download")
 
+        def shown(v: str | None) -> tuple[str | None, Any]:
+            path, note = runner.display_video(v)
+            return path, (note if note else gr.update())
+
+        video.change(shown, [video], [player, status], concurrency_limit=2)
+
         def run(v: str | None, im: str | None, q: str, o: str, t: list[str], n: float, s: float) -> Iterator[tuple]:
             # closing(): a cancelled event closes this generator, and with it the episode's (which stops the worker)
             with contextlib.closing(runner.stream(v, im, q, o, tools=t, max_turns=int(n), seed=int(s or 0))) as ups:
@@ -228,14 +260,13 @@ def build_app(runner: DemoRunner, examples: Sequence[Example] = (), title: str =
                     yield update.values()
 
         outputs = [status, chat, gallery, answer, files]
-        event = ask.click(run, [video, image, question, options, tools, max_turns, seed], outputs,
-                          concurrency_limit=1)
-        submitted = question.submit(run, [video, image, question, options, tools, max_turns, seed], outputs,
-                                    concurrency_limit=1)
+        inputs = [video, image, question, options, tools, max_turns, seed]
+        event = ask.click(run, inputs, outputs, concurrency_limit=1)
+        submitted = question.submit(run, inputs, outputs, concurrency_limit=1)
         stop.click(None, cancels=[event, submitted])
-        clear.click(lambda: (None, None, "", "", "Upload a video or an image, type a question and press **Ask**.",
+        clear.click(lambda: (None, None, None, "", "", "Upload a video or an image, type a question and press **Ask**.",
                              [], [], "", None),
-                    outputs=[video, image, question, options] + outputs, cancels=[event, submitted])
+                    outputs=[video, player, image, question, options] + outputs, cancels=[event, submitted])
     return app
 
 

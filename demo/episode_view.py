@@ -2,8 +2,9 @@
 
 Nothing here imports Gradio: the functions take the agent's :class:`~mmagent.trajectory.Turn` objects
 as they stream in and return plain data (message dicts in Gradio's ``messages`` format, ``(image,
-caption)`` pairs, file paths), so they are tested without a browser. Model text is shown as text: the
-chatbot escapes and sanitises it, and the tags of the tool protocol are taken apart here instead of
+caption)`` pairs, file paths), so they are tested without a browser. Gallery images are display copies
+(:func:`mmagent.demo.display.display_image`): any image the agent accepted fits the browser. Model text
+is shown as text: the chatbot escapes and sanitises it, and the tags of the tool protocol are taken apart here instead of
 being left for the HTML sanitiser to strip.
 """
 
@@ -17,6 +18,7 @@ from typing import Any, Sequence
 
 from PIL import Image
 
+from mmagent.demo.display import display_image
 from mmagent.protocol import parse_turn
 from mmagent.trajectory import Trajectory, Turn
 
@@ -96,7 +98,7 @@ class EpisodeView:
         self._say(title, _block(turn.text.strip()))
         for im, handle, label in zip(images, handles, labels):
             caption = " · ".join(p for p in (f"turn {self.policy_turns}", name or "", handle, label) if p)
-            self.gallery.append((im, caption))
+            self.gallery.append((display_image(im), caption))
 
 
 def title_of(message: Message) -> str:
@@ -123,8 +125,8 @@ def prompt_items(video_frames: Sequence[tuple[Image.Image, float]] = (), image: 
     """Gallery items for what the model saw in its first prompt: the question image and the sampled frames."""
     items: list[GalleryItem] = []
     if image is not None:
-        items.append((image, "question image"))
-    items += [(im, f"prompt frame · {t:.2f}s") for im, t in video_frames]
+        items.append((display_image(image), "question image"))
+    items += [(display_image(im), f"prompt frame · {t:.2f}s") for im, t in video_frames]
     return items
 
 

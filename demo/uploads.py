@@ -2,16 +2,24 @@
 
 Gradio itself refuses files over ``launch(max_file_size=...)`` before they reach us; these checks run
 on every file the handler receives (uploads and examples alike) and open the file for real, so a
-renamed or damaged file is refused with the reader's reason instead of failing deep inside a tool.
+renamed or damaged file is refused up front instead of failing deep inside a tool. Every message is one
+line that names the user's file (never the server's temporary path); the decoders' own reasons go to the
+server's log.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from mmagent.media import MAX_IMAGE_PIXELS, MediaError, load_image, open_video
+from PIL import Image
+
+from mmagent.demo.errors import user_message
+from mmagent.media import MAX_ASPECT_RATIO, MAX_IMAGE_PIXELS, MediaError, load_image, open_video, too_thin
+
+log = logging.getLogger("mmagent.demo")
 
 VIDEO_TYPES = (".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v")
 IMAGE_TYPES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
@@ -61,7 +69,11 @@ def check_video(path: str | os.PathLike, limits: UploadLimits) -> float:
     try:
         reader = open_video(p, timeout_s=30.0)
     except MediaError as exc:
-        raise UploadError(f"{p.name}: cannot be read as a video ({_short(exc)})") from None
+        log.info("refused video %s: %s", p, exc)
+        if "times longer on one side" in str(exc):
+            raise UploadError(user_message(exc, [p])) from None
+        raise UploadError(f"{p.name}: cannot be read as a video (no decoder could open it: the file is damaged, "
+                          "not a video, or in a format none of them reads)") from None
     try:
         duration = float(reader.duration)
     finally:
@@ -77,15 +89,19 @@ def check_image(path: str | os.PathLike, limits: UploadLimits) -> tuple[int, int
     """The image's (width, height), or :class:`UploadError` saying what is wrong with it."""
     p = _checked_file(path, "image", IMAGE_TYPES, limits.max_image_mb)
     try:
+        with Image.open(p) as im:
+            width, height = im.size
+    except Exception as exc:  # PIL raises its own types for what it cannot identify
+        log.info("refused image %s: %s", p, exc)
+        raise UploadError(f"{p.name}: cannot be read as an image (the file is damaged or not an image)") from None
+    if width * height > limits.max_image_pixels:
+        raise UploadError(f"{p.name}: {width}x{height} is over the {limits.max_image_pixels:,} pixel limit")
+    if too_thin(width, height):
+        raise UploadError(f"{p.name}: {width}x{height} is more than {MAX_ASPECT_RATIO} times longer on one side "
+                          "than the other, which the model cannot be shown (crop it first)")
+    try:
         image = load_image(p)
     except MediaError as exc:
-        raise UploadError(f"{p.name}: cannot be read as an image ({_short(exc)})") from None
-    if image.width * image.height > limits.max_image_pixels:
-        raise UploadError(f"{p.name}: {image.width}x{image.height} is over the {limits.max_image_pixels:,} "
-                          "pixel limit")
+        log.info("refused image %s: %s", p, exc)
+        raise UploadError(f"{p.name}: cannot be read as an image ({user_message(exc, [p])})") from None
     return image.size
-
-
-def _short(exc: Exception, limit: int = 300) -> str:
-    text = str(exc)
-    return text if len(text) <= limit else text[:limit] + "..."

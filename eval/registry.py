@@ -7,6 +7,10 @@ that benchmark takes. An unknown name raises :class:`UnknownBenchmark` listing t
 :func:`score` is the one place an answer is judged: by the ``score`` of the task's own benchmark
 (``Task.benchmark``), the number ``mmagent eval`` reports and RL rewards pay; a task of the user's own
 (``benchmark == ""``) by :mod:`mmagent.eval.benchmarks.generic`, which is no benchmark and not listed here.
+An answer to a multiple-choice task that names none of its options (:mod:`mmagent.choices`: "C" when the
+options are A and B) gets ``invalid`` saying why, and scores 0 — except on a benchmark whose module names a
+public ``REFERENCE`` scorer: there the reference's own reading decides the score (its published numbers
+count "A or B" as A), and ``invalid`` only flags the answer.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from mmagent.choices import invalid_reason
 from mmagent.trajectory import Task
 
 
@@ -88,10 +93,17 @@ GENERIC_SCORER = "mmagent.eval.benchmarks.generic"
 
 def score(task: Task, answer_text: str | None) -> dict[str, Any]:
     """The task's own score of ``answer_text`` (always with a float ``"score"``): its benchmark's ``score``,
-    or the generic one for a task whose ``benchmark`` is "". An unknown name raises :class:`UnknownBenchmark`."""
+    or the generic one for a task whose ``benchmark`` is "". An unknown name raises :class:`UnknownBenchmark`.
+    An answer that names none of the task's options scores 0 (``invalid``: why)."""
     if not task.benchmark:
-        return dict(importlib.import_module(GENERIC_SCORER).score(task, answer_text))
-    if task.benchmark not in BENCHMARKS:
+        result = dict(importlib.import_module(GENERIC_SCORER).score(task, answer_text))
+    elif task.benchmark not in BENCHMARKS:
         raise UnknownBenchmark(f"task {task.id!r} names an unknown benchmark {task.benchmark!r}; known: "
                                f"{', '.join(BENCHMARKS)} (or \"\" for a task of your own)")
-    return dict(module(task.benchmark).score(task, answer_text))
+    else:
+        result = dict(module(task.benchmark).score(task, answer_text))
+    if reason := invalid_reason(answer_text, task.options):
+        result["invalid"] = reason
+        if not (task.benchmark and getattr(module(task.benchmark), "REFERENCE", None)):
+            result["score"] = 0.0
+    return result

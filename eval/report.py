@@ -9,8 +9,9 @@
 * :func:`write_report` — ``report.html``: the summary, the plot, an index, then one collapsible section
   per item with its question, options, truth, prediction and score, and every turn: the thoughts, the
   tool call, the observation text and the frames/crops the tool returned (``<img>`` to the PNG files the
-  runner saved beside the trajectory). Model output is untrusted: every piece of text is HTML-escaped,
-  and the page runs no script.
+  runner saved beside the trajectory). Turns are numbered by policy turn (a tool's result carries the number
+  of the turn that called it), as the item's header counts them; tables wider than the page scroll inside
+  their own box. Model output is untrusted: every piece of text is HTML-escaped, and the page runs no script.
 """
 
 from __future__ import annotations
@@ -158,7 +159,7 @@ def _html_table(summary: dict[str, dict[str, Any]]) -> str:
     head = "".join(f"<th>{_e(c)}</th>" for c in cols)
     rows = "".join("<tr><th>" + _e(name) + "</th>" + "".join(f"<td>{_e(_fmt(c, row[c]) if c in row else '-')}</td>"
                                                              for c in cols) + "</tr>" for name, row in summary.items())
-    return f"<table class='summary'><tr><th>row</th>{head}</tr>{rows}</table>"
+    return f"<div class='wide'><table class='summary'><tr><th>row</th>{head}</tr>{rows}</table></div>"
 
 
 def _img_src(rel_dir: str, path: str) -> str | None:
@@ -168,10 +169,22 @@ def _img_src(rel_dir: str, path: str) -> str | None:
     return quote(f"{rel_dir}/{p.as_posix()}")
 
 
+def _seconds(value: Any) -> str:
+    """A duration as ``1.23 s`` (never ``-0.00 s``: a clock read across threads can be a hair negative)."""
+    return f"{max(0.0, float(value or 0)):.2f} s"
+
+
+def _plural(n: Any, word: str) -> str:
+    return f"{_e(n)} {word}{'' if n == 1 else 's'}"
+
+
 def _turns_html(traj: dict[str, Any], rel_dir: str) -> str:
+    """Each policy turn (numbered as the item's header counts them) and the tool result that answers it."""
     out = []
-    for k, t in enumerate(traj.get("turns", [])):
+    k = 0
+    for t in traj.get("turns", []):
         if t.get("role") == "assistant":
+            k += 1
             thoughts = "".join(f"<blockquote class='think'>{_e(th.strip())}</blockquote>"
                                for th in _THINK.findall(t.get("text") or ""))
             call = t.get("tool_call")
@@ -179,8 +192,8 @@ def _turns_html(traj: dict[str, Any], rel_dir: str) -> str:
                          f"<code>{_e(json.dumps(call.get('arguments'), ensure_ascii=False))}</code></div>"
                          if call else "")
             err = f"<div class='err'>protocol error: {_e(t['error'])}</div>" if t.get("error") else ""
-            out.append(f"<div class='turn assistant'><div class='meta'>turn {k} · assistant · "
-                       f"{_e(t.get('num_tokens', 0))} tokens · {float(t.get('seconds') or 0):.2f} s</div>{thoughts}"
+            out.append(f"<div class='turn assistant'><div class='meta'>turn {k} · policy · "
+                       f"{_e(t.get('num_tokens', 0))} tokens · {_seconds(t.get('seconds'))}</div>{thoughts}"
                        f"<pre>{_e(t.get('text') or '')}</pre>{call_html}{err}</div>")
         else:
             obs = t.get("observation") or {}
@@ -197,8 +210,9 @@ def _turns_html(traj: dict[str, Any], rel_dir: str) -> str:
                 figs.append(f"<figure><a href='{_e(src)}'><img src='{_e(src)}' loading='lazy' alt='{_e(cap)}'></a>"
                             f"<figcaption>{_e(cap)}</figcaption></figure>")
             cls = "turn tool error" if obs.get("is_error") else "turn tool"
-            out.append(f"<div class='{cls}'><div class='meta'>turn {k} · tool {_e(name)} · "
-                       f"{float(t.get('seconds') or 0):.2f} s</div><pre>{_e(t.get('text') or '')}</pre>"
+            what = f"tool {_e(name)}" if name != "error" else "the agent's reply"
+            out.append(f"<div class='{cls}'><div class='meta'>turn {k} · {what} · "
+                       f"{_seconds(t.get('seconds'))}</div><pre>{_e(t.get('text') or '')}</pre>"
                        f"<div class='imgs'>{''.join(figs)}</div></div>")
     return "".join(out)
 
@@ -215,9 +229,11 @@ def _item_html(task: Task, rec: dict[str, Any], traj: dict[str, Any] | None, rel
             + (f"<h4>Options</h4><ol class='opts'>{opts}</ol>" if opts else "")
             + f"<h4>Truth</h4><pre>{_json(task.answer)}</pre>"
             f"<h4>Prediction</h4><pre>{_e(rec.get('answer') if rec.get('answer') is not None else '(none)')}</pre>"
-            f"<h4>Score</h4><table class='score'>{score_rows}</table>"
-            f"<p class='meta'>{media} · stop: {_e(rec.get('stop_reason'))} · {_e(rec.get('turns'))} turns · "
-            f"{float(rec.get('seconds') or 0):.2f} s"
+            f"<h4>Score</h4><div class='wide'><table class='score'>{score_rows}</table></div>"
+            f"<p class='meta'>{media} · stop: {_e(rec.get('stop_reason'))} · "
+            f"{_plural(rec.get('turns'), 'policy turn')}"
+            + (f" · {_plural(rec.get('tool_calls'), 'tool call')}" if rec.get("tool_calls") is not None else "")
+            + f" · {_seconds(rec.get('seconds'))}"
             + (f" · error: {_e(rec['error'])}" if rec.get("error") else "")
             + (f" · <a href='{_e(quote(rel_dir + '/' + rec['trajectory']))}'>trajectory JSON</a>"
                if rec.get("trajectory") else "") + "</p></div>")
@@ -237,7 +253,8 @@ details{border:1px solid #ddd;border-radius:6px;margin:.4em 0;padding:.3em .6em}
 .turn{border-left:3px solid #4c72b0;margin:.5em 0;padding-left:.6em}.turn.tool{border-color:#dd8452}
 .turn.error{border-color:#b3261e}.think{color:#555;font-style:italic;margin:.2em 0 .2em 1em}
 .call code{background:#eef;padding:0 .3em}.err{color:#b3261e}.imgs{display:flex;flex-wrap:wrap;gap:.5em}
-figure{margin:0}figure img{max-height:180px;border:1px solid #ccc}figcaption{font-size:11px;color:#555}
+figure{margin:0}figure img{max-height:180px;max-width:100%;border:1px solid #ccc}
+figcaption{font-size:11px;color:#555}.wide{overflow-x:auto;max-width:100%}
 """
 
 
@@ -273,8 +290,8 @@ def write_report(path: str | os.PathLike, title: str, summary: dict[str, dict[st
             + " ".join(_e(n) for n in notes) + "</p>"
             f"<h2>Summary</h2>{_html_table(summary)}"
             + (f"<p><img src='{_e(quote(plot))}' alt='plot'></p>" if plot else "")
-            + "<h2>Items</h2><table class='index'><tr><th>id</th><th>score</th><th>stop</th><th>turns</th>"
-            f"<th>answer</th></tr>{index}</table>{''.join(items)}</body></html>\n")
+            + "<h2>Items</h2><div class='wide'><table class='index'><tr><th>id</th><th>score</th><th>stop</th>"
+            f"<th>policy turns</th><th>answer</th></tr>{index}</table></div>{''.join(items)}</body></html>\n")
     tmp = path.with_name(path.name + ".part")
     tmp.write_text(page, encoding="utf-8")
     os.replace(tmp, path)

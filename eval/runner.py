@@ -162,10 +162,11 @@ def read_predictions(path: str | os.PathLike, repair: bool = False) -> dict[str,
     return records
 
 
-def check_folder(out_dir: str | os.PathLike, resume: bool) -> bool:
+def check_folder(out_dir: str | os.PathLike, resume: bool, identity: dict[str, Any] | None = None) -> bool:
     """Whether ``out_dir`` holds a run to resume (False: a new run goes there). Raises RunError for a folder
-    that holds files without ``resume``, or that is not a run folder. (Cheap: callers check before loading
-    a model; :func:`run_eval` checks again, with the run's identity.)"""
+    that holds files without ``resume``, that is not a run folder, or (given ``identity``, the part of a run's
+    identity known before a model loads) that holds a run made with other settings. Cheap: callers check
+    before loading a model; :func:`run_eval` checks again, with the whole identity."""
     out = Path(out_dir)
     if not out.exists():
         return False
@@ -179,21 +180,21 @@ def check_folder(out_dir: str | os.PathLike, resume: bool) -> bool:
                        "pass --resume to continue it, or give a new --out")
     if not (out / RUN_FILE).is_file():
         raise RunError(f"{out} is not an mmagent eval folder (no {RUN_FILE}): give a new --out")
+    if identity is not None:
+        _check_identity(out, identity, known_only=True)
     return True
 
 
-def _check_folder(out: Path, identity: dict[str, Any], resume: bool) -> dict[str, Any] | None:
-    """The stored run.json when resuming a matching run; None for a new run. Raises RunError otherwise."""
-    if not check_folder(out, resume):
-        return None
+def _check_identity(out: Path, identity: dict[str, Any], known_only: bool = False) -> dict[str, Any]:
+    """The stored run.json of ``out`` if its identity matches ``identity`` (with ``known_only``: in the keys
+    ``identity`` has), else RunError saying what differs."""
     run_file = out / RUN_FILE
     try:
         stored = json.loads(run_file.read_text())
         old = stored["identity"]
     except (json.JSONDecodeError, KeyError, TypeError):
         raise RunError(f"{run_file} is damaged: give a new --out") from None
-    new = _normal(identity)
-    diffs = _differences(old, new)
+    diffs = _differences(old, _normal(identity), known_only=known_only)
     if diffs:
         shown = "; ".join(diffs[:3]) + (f" (and {len(diffs) - 3} more)" if len(diffs) > 3 else "")
         raise RunError(f"{out} holds a different run, so it cannot be resumed: {shown}. Give a new --out "
@@ -201,11 +202,18 @@ def _check_folder(out: Path, identity: dict[str, Any], resume: bool) -> dict[str
     return stored
 
 
-def _differences(old: Any, new: Any, where: str = "") -> list[str]:
+def _check_folder(out: Path, identity: dict[str, Any], resume: bool) -> dict[str, Any] | None:
+    """The stored run.json when resuming a matching run; None for a new run. Raises RunError otherwise."""
+    if not check_folder(out, resume):
+        return None
+    return _check_identity(out, identity)
+
+
+def _differences(old: Any, new: Any, where: str = "", known_only: bool = False) -> list[str]:
     if isinstance(old, dict) and isinstance(new, dict):
         out = []
-        for k in sorted(set(old) | set(new), key=str):
-            out += _differences(old.get(k), new.get(k), f"{where}.{k}" if where else str(k))
+        for k in sorted(set(new) if known_only else set(old) | set(new), key=str):
+            out += _differences(old.get(k), new.get(k), f"{where}.{k}" if where else str(k), known_only)
         return out
     if old != new:
         def short(x: Any) -> str:
@@ -366,6 +374,20 @@ def _reference_note(reference: Any) -> str:
     refs = [reference] if "repo" in reference else [r for r in reference.values() if isinstance(r, dict)]
     named = "; ".join(f"{r.get('benchmark', '')}: {r['repo']} {r['file']} @ {str(r['commit'])[:8]}" for r in refs)
     return f"Scored as the reference scorer does ({named})." if named else ""
+
+
+def default_run_dir(bench: str, model: str, backend: str = "hf", tools: Sequence[str] | None = None,
+                    bench_tools: Sequence[str] = (), frames: int | None = None, root: str = "runs/eval") -> Path:
+    """``runs/eval/<bench>-<model>``, plus what makes a run incomparable with the plain one: the backend when
+    not ``hf``, ``notools`` or the tools when not the benchmark's own, and ``f<N>`` for a frame count given."""
+    parts = [bench, model_label(model)]
+    if backend != "hf":
+        parts.append(backend)
+    if tools is not None and list(tools) != list(bench_tools):
+        parts.append("tools_" + "+".join(tools) if tools else "notools")
+    if frames is not None:
+        parts.append(f"f{frames}")
+    return Path(root) / re.sub(r"[^A-Za-z0-9._+-]+", "_", "-".join(parts))
 
 
 def model_label(model: str) -> str:

@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator, Sequence
 from PIL import Image
 from tqdm.auto import tqdm
 
+from mmagent.choices import invalid_reason
 from mmagent.media import EpisodeMedia, MediaError, too_thin
 from mmagent.policy.base import Generation, Policy, Session, TurnStream
 from mmagent.policy.render import MediaBudget, View
@@ -99,6 +100,7 @@ class _ToolRun:
     call: ToolCall
     timeout: float
     started: float | None = None
+    finished: float | None = None
 
 
 @dataclass
@@ -311,6 +313,8 @@ class Agent:
             ep.media.set_view_size(handle, size)
         ep.trajectory.visual_tokens += view.visual_tokens
         ep.images += len(view.images)
+        if view.notes:
+            ep.trajectory.info.setdefault("view_notes", []).extend(view.notes)
 
     def _collect(self, run: "_Run", block: bool, wait_all: bool) -> None:
         """Take in finished starts and tool calls (and tool calls past their timeout)."""
@@ -362,8 +366,9 @@ class Agent:
                     continue
                 del run.tools[future]
                 progressed = True
-                self._observe(run, call.ep, obs, tool_name=call.call.name,
-                              seconds=now - (call.started if call.started is not None else now))
+                started = call.started if call.started is not None else now
+                ended = call.finished if call.finished is not None else now
+                self._observe(run, call.ep, obs, tool_name=call.call.name, seconds=max(0.0, ended - started))
             if not wait_all and (progressed or not block):
                 return
 
@@ -382,6 +387,8 @@ class Agent:
         _notify(run.on_turn, turn)
         if isinstance(action, Answer):
             ep.trajectory.answer = action.text
+            if reason := invalid_reason(action.text, ep.task.options):
+                ep.trajectory.info["invalid_answer"] = reason
             self._finish(ep, "answer")
         elif ep.turns >= self.budgets.max_turns:
             self._finish(ep, "max_turns")
@@ -401,6 +408,12 @@ class Agent:
 
     def _call_tool(self, run: "_ToolRun") -> Observation:
         run.started = time.perf_counter()
+        try:
+            return self._tool_observation(run)
+        finally:
+            run.finished = time.perf_counter()
+
+    def _tool_observation(self, run: "_ToolRun") -> Observation:
         call, tool = run.call, self.tools[run.call.name]
         try:
             obs = tool(call.arguments, run.ep.media)
@@ -480,12 +493,20 @@ def format_trajectory(traj: Trajectory) -> str:
     lines = [f"Question: {traj.task.question}"]
     for turn in traj.turns:
         lines.append(format_turn(turn))
-    lines.append(f"Answer: {traj.answer if traj.answer is not None else '(none)'}   [stop: {traj.stop_reason}, "
+    lines.append(f"Answer: {answer_line(traj)}   [stop: {traj.stop_reason}, "
                  f"{sum(t.role == 'assistant' for t in traj.turns)} turns, {len(traj.token_ids)} tokens, "
                  f"{traj.visual_tokens} visual]")
     if traj.info.get("error"):
         lines.append(f"Error: {traj.info['error']}")
     return "\n".join(lines)
+
+
+def answer_line(traj: Trajectory) -> str:
+    """The answer as printed: ``(none)`` after a budget stop, and an invalid one marked as such."""
+    if traj.answer is None:
+        return "(none)"
+    reason = traj.info.get("invalid_answer")
+    return f"{traj.answer} (invalid: {reason})" if reason else traj.answer
 
 
 def format_turn(turn: Turn) -> str:

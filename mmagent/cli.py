@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -34,7 +33,8 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--frames", type=int, help="video frames in the first prompt (default: the model's trained "
                                                "budget, else 16)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampler; with --temperature above 0 the same "
+                                                        "seed gives the same episode (default: %(default)s)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--json", action="store_true", help="print the whole trajectory as one JSON object")
     p.add_argument("--save", metavar="FILE.jsonl", help="also append the trajectory (and its images) to this file")
@@ -42,7 +42,7 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from mmagent.agent import Agent, Budgets, format_turn
+    from mmagent.agent import Agent, Budgets, answer_line, format_turn
     from mmagent.media import MediaError
     from mmagent.policy.checkpoint import saved_media_budget
     from mmagent.policy.render import MediaBudget
@@ -52,6 +52,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         path = getattr(args, kind)
         if path is not None and not Path(path).is_file():
             return _fail(f"{kind} not found: {path}")
+    if args.image is not None:
+        from mmagent.media import load_image
+
+        try:  # a file the model cannot be shown is refused before the model loads
+            load_image(args.image)
+        except MediaError as exc:
+            return _fail(str(exc))
     try:
         model = _model_or_default(args.model)
         if args.model is None and not args.json:
@@ -81,7 +88,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(trajectory_summary(traj), ensure_ascii=False))
     else:
-        print(f"Answer: {result.answer if result.answer is not None else '(none)'}   [stop: {traj.stop_reason}, "
+        print(f"Answer: {answer_line(traj)}   [stop: {traj.stop_reason}, "
               f"{sum(t.role == 'assistant' for t in traj.turns)} turns, {len(traj.token_ids)} tokens]")
         if args.save:
             print(f"Saved to {args.save}")
@@ -98,7 +105,9 @@ def trajectory_summary(traj) -> dict:
                       "tool_call": {"name": t.tool_call.name, "arguments": t.tool_call.arguments} if t.tool_call else None,
                       "images": obs.handles if obs is not None else []})
     return {"question": traj.task.question, "video": traj.task.video, "image": traj.task.image,
-            "answer": traj.answer, "stop_reason": traj.stop_reason, "turns": turns,
+            "options": traj.task.options, "answer": traj.answer,
+            "answer_valid": traj.answer is not None and not traj.info.get("invalid_answer"),
+            "stop_reason": traj.stop_reason, "turns": turns,
             "num_tokens": len(traj.token_ids), "policy_tokens": sum(traj.loss_mask),
             "visual_tokens": traj.visual_tokens, "timings": traj.timings, "info": traj.info}
 
@@ -216,9 +225,11 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key-env", metavar="VAR", help="openai backend: environment variable holding the API key "
                                                         "(default: OPENAI_API_KEY if set, else no key)")
     p.add_argument("--limit", type=int, help="only the first N items (synth: of each family)")
-    p.add_argument("--out", metavar="DIR", help="the run folder (default: runs/eval/<bench>-<model>). A path "
-                                                "ending in .json keeps the older meaning: the scores are written "
-                                                "there and the run folder is that path without .json")
+    p.add_argument("--out", metavar="DIR", help="the run folder (default: runs/eval/<bench>-<model>, plus the "
+                                                "backend when not hf, notools or the tools when not the "
+                                                "benchmark's, and f<N> for --frames N). A path ending in .json "
+                                                "keeps the older meaning: the scores are written there and the "
+                                                "run folder is that path without .json")
     p.add_argument("--resume", action="store_true", help="continue the run in --out, skipping finished items")
     p.add_argument("--batch-size", type=int, default=8,
                    help="episodes in flight at once; as one ends the next starts (default: %(default)s)")
@@ -263,9 +274,10 @@ def _eval_policy(args: argparse.Namespace, media_budget):
 def cmd_eval(args: argparse.Namespace) -> int:
     from mmagent.eval.benchmarks.base import DatasetError
     from mmagent.eval.registry import get
-    from mmagent.eval.runner import RunError, check_folder, model_label, run_eval
+    from mmagent.eval.runner import RunError, check_folder, default_run_dir, model_label, run_eval
     from mmagent.agent import Agent, Budgets
     from mmagent.policy.render import MediaBudget
+    from mmagent.toolbox import available_tools
 
     spec = get(args.bench)
     for flag, value in (("--families", args.families), ("--subtitles", args.subtitles or None)):
@@ -281,9 +293,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     out = args.out
     if out and out.endswith(".json"):
         scores_file, out = Path(out), str(Path(out).with_suffix(""))
+    if args.no_tools and args.tools:
+        return _fail("--tools and --no-tools contradict each other: give one")
+    # Every refusal comes before a model loads: the folder, the data, the tools, the budgets.
     try:
         if out:
-            check_folder(out, args.resume)  # before loading a model
+            check_folder(out, args.resume)
         tasks = spec.load(args.data_dir, limit=args.limit, **options)
         if not tasks:
             return _fail(f"{args.data_dir} holds no {args.bench} items")
@@ -297,6 +312,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
             tools: list[str] = []
         else:
             tools = [t.strip() for t in args.tools.split(",") if t.strip()] if args.tools else list(spec.tools)
+        unknown = [t for t in tools if t not in available_tools()]
+        if unknown:
+            return _fail(f"unknown tool {', '.join(map(repr, unknown))}; known: {', '.join(available_tools())}")
         budgets = Budgets(max_turns=args.max_turns or spec.max_turns,
                           max_new_tokens=args.max_new_tokens or spec.max_new_tokens)
         if args.backend != "openai":
@@ -312,14 +330,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
             media_budget = budget_for(args.model, None)
         if args.frames is not None:
             media_budget = dataclasses.replace(media_budget or MediaBudget(), video_frames=args.frames)
-        policy = _eval_policy(args, media_budget)
+        # An OpenAI-compatible server names its model (no weights load here); the others load below.
+        policy = _eval_policy(args, media_budget) if args.backend == "openai" else None
+        out = out or str(default_run_dir(args.bench, args.model, args.backend, tools, spec.tools, args.frames))
+        identity = {"model": args.model, "backend": args.backend, "data_dir": str(Path(args.data_dir).resolve()),
+                    "options": {k: v for k, v in options.items() if v is not None}}
+        check_folder(out, args.resume, identity={"bench": spec.module.NAME, **identity, "seed": args.seed,
+                                                 "agent": {"tools": tools, "budgets": dataclasses.asdict(budgets)}})
+        if policy is None:
+            policy = _eval_policy(args, media_budget)
         agent = Agent(policy, tools=tools, budgets=budgets)
     except (DatasetError, RunError, OSError, ValueError, KeyError, ImportError, RuntimeError) as exc:
         return _fail(str(exc).strip("'\""))
     label = model_label(args.model)
-    out = out or str(Path("runs") / "eval" / f"{args.bench}-{re.sub(r'[^A-Za-z0-9._-]+', '_', label)}")
-    identity = {"model": args.model, "backend": args.backend, "data_dir": str(Path(args.data_dir).resolve()),
-                "options": {k: v for k, v in options.items() if v is not None}}
     info = {"limit": args.limit, "argv": sys.argv[1:], "batch_size": args.batch_size}
     try:
         result = run_eval(spec.module, agent, tasks, out, resume=args.resume, batch_size=args.batch_size,

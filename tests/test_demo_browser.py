@@ -1,8 +1,9 @@
 """The demo in a real browser: headless Chromium, driven by Playwright, against the app served on loopback.
 
-It uploads a synthetic toy-world video (made with OpenCV), asks, waits for the answer and checks that the
-tool's frames and the trajectory download appear; then a broken upload must show its message and leave
-the app working. The built-in model answers, exactly what `mmagent demo` serves. Screenshots go to
+It uploads a toy-world video, asks, waits for the answer and checks that the tool's frames and the
+trajectory download appear; then a broken upload must show its message and leave the app working, and an
+OpenCV ``mp4v`` upload must play through its H.264 copy (no "Video not playable") while the agent reads it.
+The built-in model answers, exactly what `mmagent demo` serves. Screenshots go to
 ``$MMAGENT_TEST_ARTIFACTS`` (default: ``test-artifacts/`` in the repository).
 
 Needs a Chromium (Debian's ``chromium`` package, or ``$MMAGENT_CHROMIUM``) and the ``playwright`` package.
@@ -102,7 +103,7 @@ def test_upload_ask_and_watch_the_episode_in_chromium(served_demo, page):
     page.wait_for_selector("#mm-question textarea")
     assert "built-in tiny model" in page.inner_text("body")
     page.locator("#mm-video input[type=file]").set_input_files(video_qa.video)
-    page.wait_for_selector("#mm-video video", state="attached")  # the upload reached the server
+    page.wait_for_selector("#mm-player video", state="attached")  # the upload reached the server and the player
     page.fill("#mm-question textarea", video_qa.question)
     page.fill("#mm-options textarea", video_qa.options)
     page.click("#mm-ask")
@@ -138,11 +139,12 @@ def test_a_broken_upload_shows_a_message_and_the_app_keeps_working(served_demo, 
     fake = tmp_path / "holiday.mp4"
     fake.write_bytes(b"definitely not an mp4 file" * 100)
     page.locator("#mm-video input[type=file]").set_input_files(str(fake))
-    page.wait_for_selector("#mm-video video", state="attached")
+    page.wait_for_function("() => document.querySelector('#mm-video').innerText.includes('holiday.mp4')")
     page.fill("#mm-question textarea", "What happens?")
     page.click("#mm-ask")
     status = _wait_status(page, "❌")
     assert "holiday.mp4: cannot be read as a video" in status
+    assert "/tmp" not in status and "\n" not in status  # the user's file, in one line
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "demo_bad_upload.png"), full_page=True)
     # an image question on the same page still runs
@@ -155,3 +157,26 @@ def test_a_broken_upload_shows_a_message_and_the_app_keeps_working(served_demo, 
     page.click("#mm-ask")
     assert _wait_status(page, "✅")
     assert page.input_value("#mm-answer textarea") in {"A", "B", "C", "D"}
+
+
+def test_an_mp4v_upload_plays_through_an_h264_copy_and_the_agent_reads_the_upload(served_demo, page, tmp_path):
+    from mmagent.tiny import write_synthetic_video
+
+    url, _ = served_demo
+    clip = write_synthetic_video(tmp_path / "phone clip.mp4", seconds=2.0, fps=8, size=(96, 64))  # OpenCV mp4v
+    page.goto(url)
+    page.wait_for_selector("#mm-question textarea")
+    page.locator("#mm-video input[type=file]").set_input_files(str(clip))
+    status = _wait_status(page, "ℹ️")
+    assert "phone clip.mp4 is in a format browsers cannot play" in status
+    page.wait_for_function("() => { const v = document.querySelector('#mm-player video');"
+                           " return v && v.readyState >= 1 && v.videoWidth > 0; }")  # the copy plays
+    assert "not playable" not in page.inner_text("body")
+    page.fill("#mm-question textarea", "What colour is the screen?")
+    page.click("#mm-ask")
+    _wait_status(page, "✅")
+    saved = page.request.get(dict(page.eval_on_selector_all(
+        "#mm-download a", "els => els.map(e => [e.download, e.href])"))["trajectory.json"]).json()
+    assert saved["task"]["video"].endswith("phone clip.mp4")  # the agent read the upload, not the copy
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "demo_mp4v_upload.png"), full_page=True)

@@ -13,7 +13,8 @@
   GeoGuessr-style distance term), so a miss in the right country still beats one on the wrong continent;
   a hit is paid by ``task`` alone, so the ``task`` term stays what eval reports;
 * ``format`` is 1 when the episode ended with an answer and every policy turn held exactly one
-  well-formed action (a call or an answer, never both), else 0;
+  well-formed action (a call or an answer, never both), else 0; an answer to a multiple-choice task that
+  names none of its options (:func:`mmagent.choices.invalid_reason`) is not well formed either;
 * ``tool_bonus`` is paid when the answer is right (task score >= 0.5) *and* at least one tool call
   worked (DeepEyes: RL alone does not induce tool use, so reward using tools that helped);
 * ``failed_calls`` charges every call that came back as an error or timed out and every malformed
@@ -27,6 +28,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from mmagent.choices import invalid_reason
 from mmagent.eval import registry
 from mmagent.trajectory import Trajectory
 
@@ -61,8 +63,11 @@ class RewardConfig:
 
 
 def format_score(traj: Trajectory) -> float:
-    """1.0 for an episode that ended with an answer and whose every policy turn was one clean action."""
+    """1.0 for an episode that ended with an answer (one of the options, when the task has options) and whose
+    every policy turn was one clean action."""
     if traj.stop_reason != "answer" or traj.answer is None:
+        return 0.0
+    if invalid_reason(traj.answer, traj.task.options):
         return 0.0
     for turn in traj.turns:
         if turn.role != "assistant":

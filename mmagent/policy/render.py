@@ -78,21 +78,57 @@ class MediaBudget:
         return getattr(self, f"{kind}_min_pixels"), getattr(self, f"{kind}_max_pixels")
 
 
+#: the longest side a fitted image may have over its shortest (qwen-vl-utils and servers refuse more)
+MAX_SHOWN_RATIO = 200
+#: an image shown with its aspect ratio changed by more than this factor gets a note saying so
+SQUEEZE_NOTE_FACTOR = 2.0
+
+
 def fitted_size(width: int, height: int, min_pixels: int, max_pixels: int,
                 factor: int = PATCH_FACTOR) -> tuple[int, int]:
-    """(width, height) the model sees an image at: qwen-vl-utils' smart_resize within the pixel bounds."""
+    """(width, height) the model sees an image at: qwen-vl-utils' smart_resize within the pixel bounds, with
+    every side at least ``factor`` pixels and at most ``MAX_SHOWN_RATIO`` times the other.
+
+    smart_resize keeps the aspect ratio, so a very long, thin image (20000x200 within a small budget) would get
+    a short side of 0 pixels; such an image is squeezed instead: its short side is one visual token and its
+    long side what the budget allows (:func:`squeeze_note` says so to the model).
+    """
+    if width < 1 or height < 1:
+        raise ValueError(f"an image of {width}x{height} pixels cannot be shown")
     from qwen_vl_utils import smart_resize
 
-    h, w = smart_resize(height, width, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
-    return w, h
+    long_side, short_side = max(width, height), min(width, height)
+    if long_side / short_side <= MAX_SHOWN_RATIO:
+        h, w = smart_resize(height, width, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
+        if min(w, h) >= factor and max(w, h) / min(w, h) <= MAX_SHOWN_RATIO:
+            return w, h
+    # Squeeze: one visual token across, as long as the budget, the ratio cap and the original allow.
+    short = factor
+    room = max(factor, max_pixels // short // factor * factor)
+    natural = max(factor, round(long_side * short / short_side / factor) * factor)
+    long = min(room, MAX_SHOWN_RATIO * factor, natural)
+    return (long, short) if width >= height else (short, long)
+
+
+def squeeze_note(source: tuple[int, int], shown: tuple[int, int]) -> str | None:
+    """A note for the model when ``shown`` (width, height) changes the shape of ``source`` by more than
+    ``SQUEEZE_NOTE_FACTOR`` (a very long, thin image fitted into the budget); None when it keeps it."""
+    (sw, sh), (w, h) = source, shown
+    source_shape, shown_shape = max(sw, sh) / min(sw, sh), max(w, h) / min(w, h)
+    if max(source_shape / shown_shape, shown_shape / source_shape) <= SQUEEZE_NOTE_FACTOR:
+        return None
+    how = "squeezed" if shown_shape < source_shape else "stretched"
+    return (f"(this {sw}x{sh} image is shown at {w}x{h}, {how} along its long side to fit, so its proportions "
+            "are not the real ones)")
 
 
 def fit_image(image: Image.Image, min_pixels: int, max_pixels: int, factor: int = PATCH_FACTOR) -> Image.Image:
-    """``image`` resized as the policy is shown it (qwen-vl-utils ``fetch_image``: RGB, smart_resize, bicubic)."""
-    from qwen_vl_utils import fetch_image
+    """``image`` resized as the policy is shown it: RGB, :func:`fitted_size`, bicubic (as qwen-vl-utils
+    ``fetch_image`` does for any image smart_resize can fit)."""
+    from qwen_vl_utils.vision_process import to_rgb  # RGBA on white, as fetch_image does
 
-    return fetch_image({"image": image, "min_pixels": min_pixels, "max_pixels": max_pixels},
-                       image_patch_size=factor // 2)
+    w, h = fitted_size(image.width, image.height, min_pixels, max_pixels, factor)
+    return to_rgb(image).resize((w, h), Image.BICUBIC)
 
 
 @dataclass
@@ -166,6 +202,8 @@ class View:
     observation: Observation | None = None
     #: the model family whose chat format :meth:`text` writes
     family: Family = DEFAULT_FAMILY
+    #: notes the view adds for the model (an image shown squeezed), also in its text
+    notes: list[str] = field(default_factory=list)
 
     @property
     def parts(self) -> list[Part]:
@@ -263,10 +301,11 @@ class Renderer:
         """The first look at a video: ``video_frames`` frames at the centres of equal slices."""
         return video.sample_uniform(self.budget.video_frames)
 
-    def _view(self, messages: list[Message], continues: bool, observation: Observation | None = None) -> View:
+    def _view(self, messages: list[Message], continues: bool, observation: Observation | None = None,
+              notes: Sequence[str] = ()) -> View:
         tokens = sum(self.video_tokens(p.video) if p.video is not None else self.image_tokens(p.image.size)
                      for m in messages for p in m.parts if p.kind != "text")
-        return View(messages, continues, tokens, observation, self.family)
+        return View(messages, continues, tokens, observation, self.family, list(notes))
 
     # ----- the steps of an episode ----------------------------------------------------------------
     def prompt(self, system_prompt: str, question: str, media: EpisodeMedia) -> View:
@@ -277,10 +316,16 @@ class Renderer:
             frames = self.sample_video(video)
             clip = self.clip([f.image for f in frames], [f.timestamp for f in frames], len(frames) / video.duration)
             content.append(Part(video=clip, handle="video", source_size=frames[0].image.size))
+        notes = []
         if media.image is not None:
-            content.append(Part(image=self.fit(media.image, "image"), handle="image", source_size=media.image.size))
+            shown = self.fit(media.image, "image")
+            content.append(Part(image=shown, handle="image", source_size=media.image.size))
+            if note := squeeze_note(media.image.size, shown.size):
+                notes.append(note)
+                content.append(Part(text=note.capitalize() + "\n"))
         content.append(Part(text=question))
-        return self._view([Message("system", [Part(text=system_prompt)]), Message("user", content)], False)
+        return self._view([Message("system", [Part(text=system_prompt)]), Message("user", content)], False,
+                          notes=notes)
 
     def observation(self, observation: Observation) -> View:
         """A tool's observation as a user turn: ``<tool_response>``, its text, each image named, the close tag.
@@ -293,13 +338,17 @@ class Renderer:
         stamps = ([self.family.frame_time_text(float(t)) for t in times]
                   if isinstance(times, (list, tuple)) and len(times) == len(images) else [""] * len(images))
         parts: list[Part] = []
+        notes = []
         text = RESPONSE_OPEN + "\n" + observation.text
         for image, name, handle, stamp in zip(images, names, handles, stamps):
             parts.append(Part(text=text + "\n" + name + ": " + stamp))
-            parts.append(Part(image=self.fit(image, "observation"), handle=handle, source_size=image.size))
-            text = ""
+            shown = self.fit(image, "observation")
+            parts.append(Part(image=shown, handle=handle, source_size=image.size))
+            note = squeeze_note(image.size, shown.size)
+            text = " " + note if note else ""
+            notes += [note] if note else []
         parts.append(Part(text=text + "\n" + RESPONSE_CLOSE))
-        return self._view([Message("user", parts)], True, observation)
+        return self._view([Message("user", parts)], True, observation, notes)
 
     def request(self, messages: Sequence[Message], continues: bool, keep_client_sized: bool = True) -> View:
         """A view of messages that arrive from a client (``mmagent serve``), their images and video frames
