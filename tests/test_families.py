@@ -195,3 +195,38 @@ def test_an_agent_over_http_against_mmagent_serve_on_qwen3_vl(qwen3, video_path)
         assert session.num_tokens == len(local.token_ids) + gen.num_tokens
     finally:
         server.stop()
+
+
+def test_a_qwen3_vl_moe_checkpoint_runs_the_same_episode(tiny_qwen3_vl_dir, video_path, tmp_path):
+    """The MoE variant (``qwen3_vl_moe``) goes through the same family: built from the dense tiny config with
+    four experts, saved with the dense model's tokenizer and processor, it loads by its folder like any
+    checkpoint and plays the same scripted episode with the same loss-mask spans and tool images."""
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration
+
+    dense = AutoConfig.from_pretrained(tiny_qwen3_vl_dir).to_dict()
+    text = {k: v for k, v in dense["text_config"].items() if k not in ("model_type", "architectures")}
+    text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1)
+    config = Qwen3VLMoeConfig(text_config=text, vision_config=dense["vision_config"],
+                              image_token_id=dense["image_token_id"], video_token_id=dense["video_token_id"],
+                              vision_start_token_id=dense["vision_start_token_id"],
+                              vision_end_token_id=dense["vision_end_token_id"], tie_word_embeddings=False)
+    torch.manual_seed(0)
+    moe = tmp_path / "moe"
+    Qwen3VLMoeForConditionalGeneration(config).eval().save_pretrained(moe)
+    for f in tiny_qwen3_vl_dir.iterdir():
+        if not f.name.startswith(("config", "model", "generation")):
+            shutil.copy(f, moe / f.name)
+    assert family_of(AutoConfig.from_pretrained(moe)) is QWEN3_VL
+    policy = HFPolicy.from_pretrained(str(moe), device="cpu", chooser=ReplayChooser([RESAMPLE, ZOOM, ANSWER]))
+    assert type(policy.model).__name__ == "Qwen3VLMoeForConditionalGeneration"
+    traj = Agent(policy, keep_model_inputs=True).run("What colour?", video=video_path).trajectory
+    assert traj.answer == "green"
+    mask = np.asarray(traj.loss_mask)
+    starts = np.flatnonzero(np.diff(np.concatenate([[0], mask])) == 1)
+    ends = np.flatnonzero(np.diff(np.concatenate([mask, [0]])) == -1) + 1
+    spans = [policy.tokenizer.decode(traj.token_ids[a:b]) for a, b in zip(starts, ends)]
+    assert spans == [RESAMPLE, ZOOM, ANSWER]
+    assert traj.model_inputs["image_grid_thw"].shape[0] == 3
