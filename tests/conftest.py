@@ -21,6 +21,20 @@ _ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [p for p in sys.path if Path(p or os.getcwd()).resolve() != _ROOT]
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
+
+#: torch's intra-op threads in every test: float sums depend on how work is split, so a test that trains or
+#: samples gives the same numbers only at one thread count, whatever the machine or the tests before it
+TEST_THREADS = int(os.environ.get("MMAGENT_TEST_THREADS", "2"))
+torch.set_num_threads(TEST_THREADS)  # for the session fixtures too, which are built before any test's fixtures
+
+
+@pytest.fixture(autouse=True)
+def _fixed_threads():
+    """Every test starts at TEST_THREADS threads, and one that changes the count does not leak it."""
+    torch.set_num_threads(TEST_THREADS)
+    yield
+    torch.set_num_threads(TEST_THREADS)
 
 from mmagent.tiny import build_tiny, build_tiny_qwen2_5_vl, imprint, write_synthetic_video  # noqa: E402
 
