@@ -154,17 +154,21 @@ def letter_world(fresh_model: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 def test_a_few_rl_steps_raise_the_reward(letter_world: tuple, tmp_path: Path) -> None:
-    """SFT taught the format with every letter about equally likely; RL (DGRPO) must find the right one."""
+    """SFT taught the format with every letter about equally likely; RL (DGRPO) must find the right one.
+
+    Margins from measurement: 16 steps ended at 0.75 and 0.78 in two loaded full-suite runs (flaky against
+    0.8), 24 steps at 0.91 and 0.97 (success on 32 samples; the starting SFT model's rate was 0.13-0.47 by
+    context). 64 samples put the estimate's standard error near 0.03, so 0.8 is about four of them below."""
     world, tasks, model = letter_world
-    before = _success_rate(model, tasks, samples=32, seed=11)
-    cfg = RLConfig(model=model, data=str(world), output_dir=str(tmp_path / "rl"), steps=16,
+    before = _success_rate(model, tasks, samples=64, seed=11)
+    cfg = RLConfig(model=model, data=str(world), output_dir=str(tmp_path / "rl"), steps=24,
                    prompts_per_step=1, group_size=8, lr=2e-3, max_new_tokens=12, max_turns=2,
                    tools=["resample_frames"], device="cpu", save_every=8, freeze_vision=False)
     summary = train_rl(cfg, progress=False)
-    after = _success_rate(summary["final"], tasks, samples=32, seed=11)
-    assert 0.1 <= before <= 0.6 and after >= max(0.8, before + 0.3), (before, after)
+    after = _success_rate(summary["final"], tasks, samples=64, seed=11)
+    assert 0.05 <= before <= 0.6 and after >= max(0.8, before + 0.3), (before, after)
     rows = summary["history"]
-    assert len(rows) == 16 and all(r["episodes_trained"] in (0, 8) for r in rows)
+    assert len(rows) == 24 and all(r["episodes_trained"] in (0, 8) for r in rows)
     assert sum(r["episodes_trained"] for r in rows) > 0
     assert (tmp_path / "rl" / "checkpoints" / "step-000008").is_dir()
 
