@@ -10,12 +10,10 @@ for the page's player; the agent reads that same file.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from fractions import Fraction
 from pathlib import Path
 from typing import Sequence
 
-import av
-
+from mmagent.demo.display import transcode_h264
 from mmagent.eval.benchmarks import synth
 
 EXAMPLE_WORLD_SEED = 1
@@ -46,18 +44,5 @@ def browser_playable(path: str, crf: int = 10) -> str:
     """Re-encode ``path`` as H.264 (yuv420p) beside it, as ``<stem>.h264.mp4``; return the new path."""
     src = Path(path)
     dst = src.with_name(src.stem + ".h264.mp4")
-    with av.open(str(src)) as inp, av.open(str(dst), "w") as out:
-        vin = inp.streams.video[0]
-        vout = out.add_stream("libx264", rate=vin.average_rate, options={"crf": str(crf)})
-        vout.width, vout.height = vin.codec_context.width // 2 * 2, vin.codec_context.height // 2 * 2
-        vout.pix_fmt = "yuv420p"
-        time_base = Fraction(1, 1) / vin.average_rate  # one tick per frame
-        vout.codec_context.time_base = time_base
-        for index, frame in enumerate(inp.decode(vin)):
-            frame = frame.reformat(width=vout.width, height=vout.height, format="yuv420p")
-            frame.pts, frame.time_base = index, time_base
-            for packet in vout.encode(frame):
-                out.mux(packet)
-        for packet in vout.encode():
-            out.mux(packet)
+    transcode_h264(src, dst, crf=crf, preset="medium")
     return str(dst)
