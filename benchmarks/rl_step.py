@@ -9,7 +9,8 @@ itself, timing its parts with ``perf_counter`` wrappers around the public functi
 * re-encoding in the update: ``encode_trajectory`` (the episode as one forward's inputs; with the rollout's
   kept inputs it only checks them);
 * forward (``forward_logits``), backward (``accelerator.backward``), optimizer (clip + ``optimizer.step``);
-* the rest: rewards, advantages, the loss arithmetic.
+* the rest: rewards, advantages, the loss arithmetic;
+* vision tower: the (frozen) vision encoder's share, inside the rollout's prefills and the update's forward.
 
 Step 0 is a warm-up (first-call costs); the figures are the mean of the following ``--steps`` steps. The
 baseline is the same step with the rollout re-encoded for the update (``keep_model_inputs=False``:
@@ -85,6 +86,8 @@ def setup(data: str, out: str, prompts: int, group: int, keep_inputs: bool, max_
                          sampling=SamplingConfig(temperature=cfg.temperature, top_p=cfg.top_p))
     policy.processor = TimedProcessor(policy.processor)
     policy.model_inputs = timed("model inputs", policy.model_inputs)
+    visual = policy.model.model.visual  # frozen: it runs in the rollout's prefills and again in the update
+    visual.forward = timed("vision tower", visual.forward)
     trainable = make_trainable(policy, cfg.lora, cfg.freeze_vision)
     optimizer = torch.optim.AdamW(trainable_parameters(trainable), lr=cfg.lr)
     model, optimizer = accelerator.prepare(trainable, optimizer)
@@ -121,7 +124,7 @@ def profile(variants: dict[str, tuple[bool, int | None]], data: str, out: str, p
     return result
 
 
-PARTS = ("rollout", "processor", "model inputs", "encode", "forward", "backward", "optimizer")
+PARTS = ("rollout", "processor", "model inputs", "encode", "forward", "backward", "optimizer", "vision tower")
 
 
 def print_profile(label: str, p: dict[str, Any]) -> None:
@@ -129,7 +132,8 @@ def print_profile(label: str, p: dict[str, Any]) -> None:
     rest = step - sum(p.get(k, 0.0) for k in ("rollout", "encode", "forward", "backward", "optimizer"))
     print(f"{label}: {step:.2f} s per step, {p['episodes'] / step:.2f} RL episodes/s")
     for k in PARTS:
-        inner = "  (inside rollout)" if k in ("processor", "model inputs") else ""
+        inner = {"processor": "  (inside rollout)", "model inputs": "  (inside rollout)",
+                 "vision tower": "  (inside rollout and forward)"}.get(k, "")
         print(f"  {k:13s} {p.get(k, 0.0):7.3f} s  {100 * p.get(k, 0.0) / step:5.1f}%{inner}")
     print(f"  {'rest':13s} {rest:7.3f} s  {100 * rest / step:5.1f}%  (rewards, advantages, loss arithmetic)")
 

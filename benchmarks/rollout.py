@@ -101,6 +101,8 @@ class Comparison:
     policy_turns: int
     tool_calls: int
     load: str
+    #: the engine's floor: the longest time one episode spent waiting on its own tools (no batching shortens it)
+    tool_wait: float = 0.0
 
     def ratio(self, baseline: str) -> float:
         return self.seconds[baseline] / self.seconds["engine"]
@@ -123,7 +125,8 @@ def compare(label: str, tasks: Sequence[Task], budgets: Budgets, tools: list[Any
     engine = trajs["engine"]
     return Comparison(label, len(tasks), best, identical,
                       sum(sum(t.role == "assistant" for t in x.turns) for x in engine),
-                      sum(len(x.tool_calls) for x in engine), f"{load} -> {load_note()}")
+                      sum(len(x.tool_calls) for x in engine), f"{load} -> {load_note()}",
+                      max(sum(t.seconds for t in x.turns if t.role == "tool") for x in engine))
 
 
 def print_comparison(c: Comparison) -> None:
@@ -132,6 +135,7 @@ def print_comparison(c: Comparison) -> None:
         ratio = "" if loop == "engine" else f"   engine is {c.ratio(loop):.2f}x this"
         print(f"  {loop:10s} {c.seconds[loop]:7.2f} s  {c.episodes / c.seconds[loop]:6.2f} episodes/s"
               f"   identical to engine: {c.identical[loop]}/{c.episodes}{ratio}")
+    print(f"  (the engine's floor: one episode waited {c.tool_wait:.2f} s on its own tool calls in a row)")
 
 
 def run(per_family: int, turn_counts: Sequence[int], scripted: int, repeats: int, search_latency: float,
