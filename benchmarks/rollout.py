@@ -25,7 +25,7 @@ The tools are the real ones (``resample_frames``, ``zoom``, ``web_search`` over 
 Every comparison checks that the three loops produce the same trajectories token for token (greedy) and
 stops if they do not. The load average is printed beside the figures: this machine's timings swing with it.
 
-    python benchmarks/rollout.py                  # about 5 minutes on 2 CPU cores
+    python benchmarks/rollout.py                  # about 10 minutes on 2 busy CPU cores
     python benchmarks/rollout.py --quick          # seconds: checks that it works, figures mean little
     python benchmarks/rollout.py --per-family 8 --turns 1,2,4,8 --scripted 8 --search-latency 0.5 --repeats 3
 """
@@ -36,7 +36,7 @@ import argparse
 import os
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
@@ -101,6 +101,8 @@ class Comparison:
     policy_turns: int
     tool_calls: int
     load: str
+    #: per loop: tokens run through the model before each turn's first new token, summed (the prefill work)
+    prefilled: dict[str, int] = field(default_factory=dict)
     #: the engine's floor: the longest time one episode spent waiting on its own tools (no batching shortens it)
     tool_wait: float = 0.0
 
@@ -126,7 +128,9 @@ def compare(label: str, tasks: Sequence[Task], budgets: Budgets, tools: list[Any
     return Comparison(label, len(tasks), best, identical,
                       sum(sum(t.role == "assistant" for t in x.turns) for x in engine),
                       sum(len(x.tool_calls) for x in engine), f"{load} -> {load_note()}",
-                      max(sum(t.seconds for t in x.turns if t.role == "tool") for x in engine))
+                      tool_wait=max(sum(t.seconds for t in x.turns if t.role == "tool") for x in engine),
+                      prefilled={loop: sum(t.prefill_tokens for x in trajs[loop] for t in x.turns if t.role == "assistant")
+                       for loop in LOOPS})
 
 
 def print_comparison(c: Comparison) -> None:
@@ -134,7 +138,7 @@ def print_comparison(c: Comparison) -> None:
     for loop in LOOPS:
         ratio = "" if loop == "engine" else f"   engine is {c.ratio(loop):.2f}x this"
         print(f"  {loop:10s} {c.seconds[loop]:7.2f} s  {c.episodes / c.seconds[loop]:6.2f} episodes/s"
-              f"   identical to engine: {c.identical[loop]}/{c.episodes}{ratio}")
+              f"   identical: {c.identical[loop]}/{c.episodes}   prefilled {c.prefilled[loop]:6d} tokens{ratio}")
     print(f"  (the engine's floor: one episode waited {c.tool_wait:.2f} s on its own tool calls in a row)")
 
 
@@ -166,11 +170,12 @@ def run(per_family: int, turn_counts: Sequence[int], scripted: int, repeats: int
         v0, v1, m0, m1 = visual_budget_effect(batch, n, script, tools, visual_budget)
         print(f"visual-token budget ({n} turns, engine): {v0} -> {v1} visual tokens per episode with a budget of "
               f"{visual_budget}, peak KV cache {m0:.1f} -> {m1:.1f} MiB")
-        mixed = [turn_counts[k % len(turn_counts)] for k in range(scripted * len(turn_counts) // 2)]
-        batch, script = scripted_batch(video, mixed, prefix="mix-")
-        out.append(compare(f"scripted, mixed {sorted(set(mixed))} turns", batch,
-                           Budgets(max_turns=max(mixed), max_new_tokens=160), tools, script, repeats=1))
-        print_comparison(out[-1])
+        if len(set(turn_counts)) > 1:
+            mixed = [turn_counts[k % len(turn_counts)] for k in range(scripted * len(turn_counts) // 2)]
+            batch, script = scripted_batch(video, mixed, prefix="mix-")
+            out.append(compare(f"scripted, mixed {sorted(set(mixed))} turns", batch,
+                               Budgets(max_turns=max(mixed), max_new_tokens=160), tools, script, repeats=1))
+            print_comparison(out[-1])
     return out
 
 
