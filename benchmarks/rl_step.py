@@ -103,14 +103,16 @@ def setup(data: str, out: str, prompts: int, group: int, keep_inputs: bool, max_
 def profile(variants: dict[str, tuple[bool, int | None]], data: str, out: str, prompts: int, group: int,
             steps: int) -> dict[str, dict[str, float]]:
     """Per variant (keep the rollout's inputs?, max_open): mean seconds per step of each part over ``steps``
-    steps after a warm-up step, plus ``episodes`` and the load seen. The variants take turns step by step, so
-    load from elsewhere hits them alike."""
+    steps after a warm-up step, plus ``episodes`` and the load seen. The variants take turns step by step (who
+    goes first rotating), so load from elsewhere hits them alike."""
     built = {name: setup(data, f"{out}/{k}", prompts, group, keep, cap)
              for k, (name, (keep, cap)) in enumerate(variants.items())}
     rows: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
     loads = [load_note()]
     for step in range(steps + 1):
-        for name, (cfg, policy, model, optimizer, agent, tasks, tracker, accelerator) in built.items():
+        order = list(built.items())
+        order = order[step % len(order):] + order[:step % len(order)]  # who goes first rotates
+        for name, (cfg, policy, model, optimizer, agent, tasks, tracker, accelerator) in order:
             TIMES.clear()
             t0 = time.perf_counter()
             rl.rl_step(cfg, policy, model, optimizer, agent, tasks, tracker, step, accelerator)
