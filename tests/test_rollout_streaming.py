@@ -4,6 +4,7 @@ batch-synchronous baseline produces the engine's trajectories."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from mmagent.agent import Agent, Budgets
 from mmagent.policy.hf import HFPolicy
 from mmagent.policy.replay import ReplayChooser
 from mmagent.protocol import format_tool_call
+from mmagent.toolbox.base import Observation, Tool
 from mmagent.trajectory import Task
 from mmagent.training.rl import RLConfig, train_rl
 
@@ -35,28 +37,54 @@ def in_flight(monkeypatch: pytest.MonkeyPatch) -> list[list[tuple[str, int]]]:
 
         def recorded():
             steps.append([(s.task.id, s.turn) for s in inner.sessions()])
+            for hook in HOOKS:
+                hook(steps[-1])
             return step()
 
         inner.step = recorded
         return inner
 
     monkeypatch.setattr(HFPolicy, "stream", stream)
-    return steps
+    yield steps
+    HOOKS.clear()
+
+
+HOOKS: list = []  # called with each recorded step
+
+
+class Gate(Tool):
+    """A tool that answers only once ``opened`` is set (or after 30 s)."""
+
+    name = "gate"
+    description = "wait"
+    parameters = {"type": "object", "properties": {}, "required": []}
+
+    def __init__(self) -> None:
+        self.opened = threading.Event()
+
+    def run(self, arguments: dict, context) -> Observation:
+        return Observation(text="open" if self.opened.wait(30) else "timed out")
 
 
 def test_eval_keeps_batch_size_episodes_in_flight_and_refills_at_once(tiny_model_dir, video_path, in_flight,
                                                                        tmp_path):
-    script = {"a": [CALL, CALL, CALL, "<answer>A</answer>"], "b": ["<answer>B</answer>"],
-              "c": ["<answer>C</answer>"], "d": ["<answer>D</answer>"], "e": ["<answer>A</answer>"]}
+    gate = Gate()
+    call = format_tool_call("gate", {})
+    script = {"a": [call, "<answer>A</answer>"], "b": ["<answer>B</answer>"], "c": ["<answer>C</answer>"],
+              "d": ["<answer>D</answer>"], "e": ["<answer>A</answer>"]}
     tasks = [Task(question="What colour?", video=str(video_path), id=k, options=["A. x", "B. y", "C. z", "D. w"],
                   answer="A", task_type="video_qa", benchmark="synth") for k in "abcde"]
+    # a's tool call answers once c is generating: chunked by two, c would wait for a to end (and a for c)
+    HOOKS.append(lambda step: ("c", 0) in step and gate.opened.set())
     policy = HFPolicy.from_pretrained(str(tiny_model_dir), device="cpu", chooser=ReplayChooser(script))
-    agent = Agent(policy, tools=["resample_frames"], budgets=Budgets(max_turns=6, max_new_tokens=80))
+    agent = Agent(policy, tools=[gate], budgets=Budgets(max_turns=4, max_new_tokens=80))
     result = run_eval(synth, agent, tasks, tmp_path / "run", batch_size=2, progress=False)
     assert sorted(r["id"] for r in result.predictions) == list("abcde")
     assert max(len(s) for s in in_flight) == 2
-    # chunked by two, c/d/e would wait for a's four turns; streamed, they run beside a's later turns
-    assert any(("a", t) in s and any(k in "cde" for k, _ in s) for s in in_flight for t in (1, 2, 3))
+    first = {key: next(k for k, s in enumerate(in_flight) if key in s) for key in [("a", 1), ("c", 0)]}
+    assert first[("c", 0)] < first[("a", 1)]
+    gated = next(t for t in result.predictions if t["id"] == "a")
+    assert gated["answer"] == "A"
 
 
 def _rl(world: Path, out: Path, max_open: int | None) -> dict:
@@ -66,14 +94,23 @@ def _rl(world: Path, out: Path, max_open: int | None) -> dict:
     return train_rl(cfg, progress=False)
 
 
-def test_rl_rollouts_stream_with_max_open_and_train_the_same(in_flight, tmp_path):
+def test_rl_rollouts_stream_with_max_open_and_train_the_same(in_flight, tmp_path, monkeypatch):
+    import mmagent.training.rl as rl
+
+    caps = []
+
+    class Recording(Agent):
+        def run_stream(self, tasks, **kwargs):
+            caps.append((len(tasks), self.max_open))
+            return super().run_stream(tasks, **kwargs)
+
+    monkeypatch.setattr(rl, "Agent", Recording)
     world = tmp_path / "world"
     synth.build(world, per_family=1, seed=3, families=["video_qa"], progress=False)
     capped = _rl(world, tmp_path / "capped", max_open=2)
-    assert in_flight and max(len(s) for s in in_flight) == 2
-    in_flight.clear()
+    assert caps == [(4, 2)] and in_flight and max(len(s) for s in in_flight) <= 2
     free = _rl(world, tmp_path / "free", max_open=None)
-    assert max(len(s) for s in in_flight) == 4
+    assert caps[1] == (4, None)
     # each episode samples from its own seed, so how many are open at once changes nothing it learns from
     assert capped["history"][0]["reward"] == free["history"][0]["reward"]
     assert capped["param_fingerprint"] == pytest.approx(free["param_fingerprint"], rel=1e-9)
