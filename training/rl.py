@@ -74,6 +74,9 @@ class RLConfig:
     top_p: float = 1.0
     max_new_tokens: int = 160
     max_turns: int = 6
+    #: episodes open at once in each step's rollout (None: all ``prompts_per_step * group_size``); when one ends
+    #: the next starts, so rollout memory (KV caches, pixel values) stays bounded at any batch size
+    max_open: int | None = None
     tools: list[str] = field(default_factory=lambda: ["resample_frames", "zoom", "web_search"])
     lr: float = 1e-5
     weight_decay: float = 0.0
@@ -105,6 +108,8 @@ class RLConfig:
         for name, kind in (("advantage", AdvantageConfig), ("rewards", RewardConfig), ("lora", LoraSettings)):
             if isinstance(getattr(self, name), dict):
                 setattr(self, name, kind(**getattr(self, name)))
+        if self.max_open is not None and self.max_open < 1:
+            raise ValueError("max_open must be at least 1 (or unset: every episode of a step open at once)")
         if self.group_size < 2:
             raise ValueError("group_size must be at least 2: advantages compare rollouts of the same prompt")
         if self.aggregation not in AGGREGATIONS:
@@ -194,7 +199,7 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> dict[str, Any]:
         rollout_policy = start_engine(cfg, policy.media_budget, accelerator.num_processes)
         llm = rollout_policy.llm
     agent = Agent(rollout_policy, tools=list(cfg.tools), keep_model_inputs=rollout_policy is policy,
-                  budgets=Budgets(max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens))
+                  max_open=cfg.max_open, budgets=Budgets(max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens))
     tracker = DifficultyTracker()
     step, history = 0, []
     ckpt = latest_checkpoint(out) if cfg.resume else None
