@@ -164,6 +164,7 @@ def test_run_needs_media(tiny_model_dir):
         _agent(tiny_model_dir, [ANSWER]).run("q")
 
 
+@pytest.mark.slow
 def test_from_pretrained_runs_the_imprinted_model_greedily(imprinted_model_dir, video_path):
     """The Python API with real greedy decoding: the imprinted tiny model calls a tool, then answers."""
     agent = Agent.from_pretrained(str(imprinted_model_dir), tools=["resample_frames", "zoom"], device="cpu")

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from mmagent.trajectory import load_jsonl
 
 
@@ -26,6 +28,7 @@ def test_tools_lists_the_builtin_tools():
     assert {"resample_frames", "zoom"} <= set(names)
 
 
+@pytest.mark.slow
 def test_run_prints_a_multi_turn_episode_and_saves_it(imprinted_model_dir, video_path, tmp_path):
     saved = tmp_path / "runs.jsonl"
     out = _mmagent("run", "--model", str(imprinted_model_dir), "--video", str(video_path), "--device", "cpu",
@@ -43,6 +46,7 @@ def test_run_prints_a_multi_turn_episode_and_saves_it(imprinted_model_dir, video
     assert traj.loss_mask[start:start + obs_turn.num_tokens] == [0] * obs_turn.num_tokens
 
 
+@pytest.mark.slow
 def test_run_json_output(imprinted_model_dir, video_path):
     out = _mmagent("run", "--model", str(imprinted_model_dir), "--video", str(video_path), "--device", "cpu",
                    "--json", "What happens in the video?")
@@ -83,6 +87,7 @@ def test_train_takes_overrides_after_the_config_and_refuses_typos():
     assert out.returncode == 2 and "shipped configs: rl_synth, sft_synth" in out.stderr
 
 
+@pytest.mark.slow
 def test_run_passes_answer_options_to_the_prompt(imprinted_model_dir, video_path, tmp_path):
     saved = tmp_path / "runs.jsonl"
     out = _mmagent("run", "--model", str(imprinted_model_dir), "--video", str(video_path), "--device", "cpu",

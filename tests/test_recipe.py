@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 import torch
 
 from mmagent.training.recipes.toy_world import QUICK, RUNS, run_recipe
 
 
+@pytest.mark.slow
 def test_the_quick_recipe_runs_every_stage_and_resumes(tmp_path: Path, capsys) -> None:
     torch.set_num_threads(1)
     out = tmp_path / "toy"

@@ -43,6 +43,7 @@ def _sft(model: Path, data: Path, out: Path, **kw) -> dict:
     return train_sft(cfg, progress=False)
 
 
+@pytest.mark.slow
 def test_sft_lowers_the_loss_and_saves_a_loadable_model(fresh_model: Path, sft_data: Path, tmp_path: Path) -> None:
     first = _sft(fresh_model, sft_data, tmp_path / "a", max_steps=1, save_every=0)
     more = _sft(fresh_model, sft_data, tmp_path / "b", max_steps=40, save_every=0)
@@ -87,6 +88,7 @@ def _torchrun(stage: str, model: str, data: str, out: Path) -> dict:
     return json.loads((out / "distributed.json").read_text())
 
 
+@pytest.mark.slow
 def test_two_processes_keep_the_same_weights(fresh_model: Path, sft_data: Path, tmp_path: Path) -> None:
     result = _torchrun("sft", str(fresh_model), str(sft_data), tmp_path / "dist")
     assert result["processes"] == 2 and result["steps"] == 2
@@ -153,6 +155,7 @@ def letter_world(fresh_model: Path, tmp_path_factory: pytest.TempPathFactory) ->
     return root / "world", tasks, sft["final"]
 
 
+@pytest.mark.slow
 def test_a_few_rl_steps_raise_the_reward(letter_world: tuple, tmp_path: Path) -> None:
     """SFT taught the format with every letter about equally likely; RL (DGRPO) must find the right one.
 
@@ -173,6 +176,7 @@ def test_a_few_rl_steps_raise_the_reward(letter_world: tuple, tmp_path: Path) ->
     assert (tmp_path / "rl" / "checkpoints" / "step-000008").is_dir()
 
 
+@pytest.mark.slow
 def test_two_processes_stay_in_sync_in_rl(letter_world: tuple, tmp_path: Path) -> None:
     """Each rank rolls out its own groups (so they keep different episode counts); weights stay equal."""
     world, _, model = letter_world
