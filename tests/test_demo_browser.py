@@ -96,14 +96,30 @@ def _wait_status(page, prefix: str) -> str:
     return page.inner_text("#mm-status").strip()
 
 
+def _upload(page, box: str, path: str, arrived: str, tries: int = 3) -> None:
+    """Put ``path`` in the file input of ``box`` and wait until the page shows it (the JS predicate ``arrived``).
+    A page still hydrating may replace the input under a file set too early (seen once under load: the name never
+    appeared), so the upload is made again, up to ``tries`` times, before the test fails."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for attempt in range(tries):
+        page.locator(f"{box} input[type=file]").set_input_files(path)
+        try:
+            page.wait_for_function(arrived, timeout=40_000)
+            return
+        except PlaywrightTimeout:
+            if attempt == tries - 1:
+                raise
+
+
 def test_upload_ask_and_watch_the_episode_in_chromium(served_demo, page):
     url, examples = served_demo
     video_qa = next(e for e in examples if e.family == "video_qa")
     page.goto(url)
     page.wait_for_selector("#mm-question textarea")
     assert "built-in tiny model" in page.inner_text("body")
-    page.locator("#mm-video input[type=file]").set_input_files(video_qa.video)
-    page.wait_for_selector("#mm-player video", state="attached")  # the upload reached the server and the player
+    # the upload reached the server and the player
+    _upload(page, "#mm-video", video_qa.video, "() => document.querySelector('#mm-player video') !== null")
     page.fill("#mm-question textarea", video_qa.question)
     page.fill("#mm-options textarea", video_qa.options)
     page.click("#mm-ask")
@@ -138,8 +154,7 @@ def test_a_broken_upload_shows_a_message_and_the_app_keeps_working(served_demo, 
     page.wait_for_selector("#mm-question textarea")
     fake = tmp_path / "holiday.mp4"
     fake.write_bytes(b"definitely not an mp4 file" * 100)
-    page.locator("#mm-video input[type=file]").set_input_files(str(fake))
-    page.wait_for_function("() => document.querySelector('#mm-video').innerText.includes('holiday.mp4')")
+    _upload(page, "#mm-video", str(fake), "() => document.querySelector('#mm-video').innerText.includes('holiday.mp4')")
     page.fill("#mm-question textarea", "What happens?")
     page.click("#mm-ask")
     status = _wait_status(page, "❌")
