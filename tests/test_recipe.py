@@ -22,6 +22,8 @@ def test_the_quick_recipe_runs_every_stage_and_resumes(tmp_path: Path, capsys) -
     for label, scores in results["scores"].items():
         assert {"video_qa", "grounding", "image_qa", "geolocation", "overall"} <= set(scores), label
         assert all("se" in row and row["se"] >= 0 for row in scores.values()), label
+    vision = json.loads((out / "vision" / "vision.json").read_text())
+    assert vision["steps"] == QUICK.vision_steps and set(vision["accuracy"]) >= {"digit", "sign", "screen"}
     pretrained = json.loads((out / "base" / "pretrain.json").read_text())
     assert pretrained["steps"] == QUICK.pretrain_steps and set(pretrained["drill_accuracy"]) >= {"flash", "where"}
     assert "±" in (out / "results.md").read_text()
@@ -29,7 +31,7 @@ def test_the_quick_recipe_runs_every_stage_and_resumes(tmp_path: Path, capsys) -
     capsys.readouterr()
     again = run_recipe(out, QUICK, progress=False)
     printed = capsys.readouterr().out
-    for stage in ("data", "base", "sft", "sft_notools", "grpo", "dgrpo"):
+    for stage in ("data", "vision", "base", "sft", "sft_notools", "grpo", "dgrpo"):
         assert f"[{stage}] already done" in printed
     assert again["scores"] == results["scores"]
     assert {k: v for k, v in json.loads((out / "timings.json").read_text()).items() if k in timings} == timings

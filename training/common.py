@@ -83,6 +83,19 @@ def trainable_parameters(module: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in module.parameters() if p.requires_grad]
 
 
+def parameter_groups(module: torch.nn.Module, lr: float, vision_lr: float | None = None) -> list[dict[str, Any]]:
+    """The optimizer's parameter groups: every trainable weight at ``lr``, or, with ``vision_lr``, the vision
+    tower's and merger's at that rate. A tiny vision transformer stops learning at the rates a tiny language
+    model needs (measured: large digits, 32 a step, 600 steps: 0.97 at 3e-4, chance at 1e-3)."""
+    params = trainable_parameters(module)
+    if vision_lr is None:
+        return [{"params": params, "lr": lr}]
+    visual = {id(p) for name, p in module.named_parameters() if ".visual." in f".{name}"}
+    groups = [{"params": [p for p in params if id(p) not in visual], "lr": lr},
+              {"params": [p for p in params if id(p) in visual], "lr": vision_lr}]
+    return [g for g in groups if g["params"]]
+
+
 def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
     root = Path(output_dir) / CHECKPOINTS
     found = sorted(p for p in root.glob("step-*") if (p / STATE_FILE).is_file()) if root.is_dir() else []

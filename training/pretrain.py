@@ -40,7 +40,7 @@ from mmagent.policy.hf import HFPolicy, HFSession
 from mmagent.policy.render import IM_END, Message, Part, View
 from mmagent.protocol import render_system_prompt
 from mmagent.toolbox.registry import resolve_tools
-from mmagent.training.common import load_policy, save_final
+from mmagent.training.common import load_policy, parameter_groups, save_final
 from mmagent.policy.segments import on_device
 from mmagent.training.encode import EncodedEpisode
 from mmagent.training.losses import sft_loss
@@ -60,6 +60,8 @@ class PretrainConfig:
     #: drill rounds (each its own short conversation) in one step's batch
     rounds_per_step: int = 16
     lr: float = 2e-3
+    #: learning rate of the vision tower and merger (None: ``lr``); a tiny vision transformer needs a lower one
+    vision_lr: float | None = 3e-4
     #: shares of the steps spent on the language phase and the vision-only phase (the rest: everything)
     language_share: float = 0.15
     vision_share: float = 0.15
@@ -177,7 +179,7 @@ def pretrain(cfg: PretrainConfig, progress: bool = True) -> dict[str, Any]:
     world = SynthConfig()
     system = system_prompt()
     pad = policy.tokenizer.pad_token_id
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(parameter_groups(model, cfg.lr, cfg.vision_lr), lr=cfg.lr, weight_decay=0.0)
     warmup = max(1, min(30, cfg.steps // 10))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warmup) * max(0.05, 1 - s / cfg.steps))

@@ -44,7 +44,7 @@ from mmagent.policy.sampling import SamplingConfig
 from mmagent.trajectory import Task, Trajectory, save_jsonl
 from mmagent.training.advantages import AdvantageConfig, DifficultyTracker, compute_advantages
 from mmagent.training.common import (LoraSettings, finish_logging, latest_checkpoint, load_checkpoint, load_policy,
-                             make_trainable, param_fingerprint, save_checkpoint, save_final, trainable_parameters)
+                             make_trainable, param_fingerprint, parameter_groups, save_checkpoint, save_final)
 from mmagent.training.encode import encode_trajectory, forward_logits, next_token_targets
 from mmagent.training.losses import AGGREGATIONS, policy_loss, token_logprobs
 from mmagent.training.rewards import RewardConfig, reward_parts
@@ -91,6 +91,8 @@ class RLConfig:
     rewards: RewardConfig = field(default_factory=RewardConfig)
     budget: str = "synth"
     freeze_vision: bool = True
+    #: learning rate of the vision tower and merger when they train (None: ``lr``)
+    vision_lr: float | None = None
     lora: LoraSettings = field(default_factory=LoraSettings)
     save_every: int = 10
     #: also write every step's rollouts to output_dir/rollouts/step-N.jsonl
@@ -190,7 +192,8 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> dict[str, Any]:
     tasks = load_tasks(cfg.data, cfg.families, cfg.bench)
     reference = copy.deepcopy(policy.model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
     trainable = make_trainable(policy, cfg.lora, cfg.freeze_vision)
-    optimizer = torch.optim.AdamW(trainable_parameters(trainable), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(parameter_groups(trainable, cfg.lr, cfg.vision_lr), lr=cfg.lr,
+                                  weight_decay=cfg.weight_decay)
     model, optimizer = accelerator.prepare(trainable, optimizer)
     accelerator.init_trackers("rl", config={k: str(v) for k, v in asdict(cfg).items()})
     llm = None

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from mmagent.trajectory import Trajectory, load_jsonl
 from mmagent.training.common import (LoraSettings, finish_logging, latest_checkpoint, load_checkpoint, load_policy,
-                             make_trainable, param_fingerprint, save_checkpoint, save_final, trainable_parameters)
+                             make_trainable, param_fingerprint, parameter_groups, save_checkpoint, save_final)
 from mmagent.training.encode import encode_trajectory, forward_logits, next_token_targets
 from mmagent.training.losses import sft_loss
 
@@ -55,6 +55,8 @@ class SFTConfig:
     #: pixel budget the data was made for: synth | default
     budget: str = "synth"
     freeze_vision: bool = True
+    #: learning rate of the vision tower and merger when they train (None: ``lr``)
+    vision_lr: float | None = None
     lora: LoraSettings = field(default_factory=LoraSettings)
     #: optimizer steps between checkpoints (0 = only at the end)
     save_every: int = 50
@@ -111,7 +113,8 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     per_rank = math.ceil(len(trajectories) / world)
     steps_per_epoch = max(1, per_rank // cfg.grad_accum)
     total_steps = cfg.max_steps or cfg.epochs * steps_per_epoch
-    optimizer = torch.optim.AdamW(trainable_parameters(trainable), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(parameter_groups(trainable, cfg.lr, cfg.vision_lr), lr=cfg.lr,
+                                  weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)) * max(0.0, 1 - s / total_steps))
     model, optimizer, scheduler = accelerator.prepare(trainable, optimizer, scheduler)

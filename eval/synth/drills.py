@@ -59,6 +59,20 @@ class Round:
     meta: dict = field(default_factory=dict)
 
 
+#: what each image of a perception round shows, as classes the vision pre-training names
+#: (:mod:`mmagent.training.vision_pretrain`): a round's ``meta["images"]`` holds one dict per image,
+#: head name -> class
+NONE = "none"
+
+
+def image_heads() -> dict[str, tuple[str, ...]]:
+    """Every label head and its classes: a flashed shape's colour and kind (or none), a screen's colour, a
+    zoomed tag's character and colour, a zoomed sign's text (the closed list of cities and the sign words)."""
+    return {"colour": (NONE,) + tuple(EVENT_COLOURS), "shape": (NONE,) + tuple(SHAPES), "screen": tuple(PALETTE),
+            "digit": tuple(_IMAGE_QA_LEVELS["easy"][1]), "tag_colour": tuple(TAG_COLOURS),
+            "sign": tuple(sorted({c["name"].upper() for c in sign_cities()} | set(SIGN_WORDS)))}
+
+
 #: how many frames a ``flash`` round shows (drawn uniformly)
 FLASH_FRAMES = (1, 2, 4, 8)
 
@@ -105,11 +119,34 @@ def flash(rng: np.random.Generator, cfg: SynthConfig) -> Round:
             frame[mask] = PALETTE[colour]
         frames.append(frame)
     obs = _frames_observation(frames, times, start, end)
+    images = [{"colour": colour, "shape": shape} if k in shown else {"colour": NONE, "shape": NONE}
+              for k in range(n)]
     if not shown:
-        return Round("flash", f"No frame between {start:.2f}s and {end:.2f}s shows a shape.", observation=obs)
+        return Round("flash", f"No frame between {start:.2f}s and {end:.2f}s shows a shape.", observation=obs,
+                     meta={"images": images})
     t = times[min(shown)]
     return Round("flash", f"The frame at {t:.2f}s shows {article(colour)} {shape}.", observation=obs,
-                 meta={"colour": colour, "shape": shape, "time": t})
+                 meta={"colour": colour, "shape": shape, "time": t, "images": images})
+
+
+def frames(rng: np.random.Generator, cfg: SynthConfig) -> Round:
+    """Labelled frames for the vision pre-training only (no words): each of eight frames shows its own
+    shape (or, one time in seven, none), so every image is an example of what a flash looks like."""
+    start, end, times = _frame_times(rng, cfg, (6, 90))
+    s = cfg.frame_size
+    backdrop = render.drifting_backdrop(s, rng)
+    shown, labels = [], []
+    for t in times:
+        frame = backdrop(round(t * cfg.fps))
+        if rng.random() < 1 / 7:
+            labels.append({"colour": NONE, "shape": NONE})
+        else:
+            shape, colour = str(rng.choice(SHAPES)), str(rng.choice(EVENT_COLOURS))
+            centre = (float(rng.uniform(0.35, 0.65) * s), float(rng.uniform(0.35, 0.65) * s))
+            frame[render.shape_mask(shape, centre, float(rng.uniform(0.42, 0.52) * s), (s, s))] = PALETTE[colour]
+            labels.append({"colour": colour, "shape": shape})
+        shown.append(frame)
+    return Round("frames", "", observation=_frames_observation(shown, times, start, end), meta={"images": labels})
 
 
 def screen(rng: np.random.Generator, cfg: SynthConfig) -> Round:
@@ -134,11 +171,13 @@ def screen(rng: np.random.Generator, cfg: SynthConfig) -> Round:
         k += 1
     obs = _frames_observation(frames, times, start, end)
     answer = "The screen is " + ", ".join(f"{c} at {t:.2f}s" for t, c in zip(times, colours)) + "."
-    return Round("screen", answer, observation=obs, meta={"colours": colours})
+    return Round("screen", answer, observation=obs,
+                 meta={"colours": colours, "images": [{"screen": c} for c in colours]})
 
 
 def _zoom_round(kind: str, rng: np.random.Generator, cfg: SynthConfig, canvas: np.ndarray,
-                box: tuple[int, int, int, int], side: int, answer: str, colour: str, text: str) -> Round:
+                box: tuple[int, int, int, int], side: int, answer: str, colour: str, text: str,
+                labels: dict[str, str]) -> Round:
     """Zoom (the real tool) on ``box`` of ``canvas``, the box moved by up to 3 view pixels each way."""
     from mmagent.media import EpisodeMedia
     from mmagent.toolbox.zoom import Zoom
@@ -152,7 +191,7 @@ def _zoom_round(kind: str, rng: np.random.Generator, cfg: SynthConfig, canvas: n
     media.set_view_size("image", view)
     obs = Zoom().run({"bbox": bbox, "source": "image"}, media)
     return Round(kind, answer, observation=obs, meta={"bbox": bbox, "label_box": list(box), "text": text,
-                                                      "background": list(LABEL_PALETTE[colour])})
+                                                      "background": list(LABEL_PALETTE[colour]), "images": [labels]})
 
 
 def _patch_scene(rng: np.random.Generator, size: tuple[int, int]) -> np.ndarray:
@@ -166,7 +205,7 @@ def tag(rng: np.random.Generator, cfg: SynthConfig) -> Round:
     x, y = (int(v) // render.CHECKER_CELL * render.CHECKER_CELL for v in rng.integers(100, 320 - 100 - w, size=2))
     render.draw_label(canvas, text, (x, y, w, h), LABEL_PALETTE[colour], rng)
     return _zoom_round("tag", rng, cfg, canvas, (x, y, w, h), TAG_ZOOM_SIDE,
-                       f"The zoomed {colour} tag reads {text}.", colour, text)
+                       f"The zoomed {colour} tag reads {text}.", colour, text, {"digit": text, "tag_colour": colour})
 
 
 def sign(rng: np.random.Generator, cfg: SynthConfig) -> Round:
@@ -180,7 +219,7 @@ def sign(rng: np.random.Generator, cfg: SynthConfig) -> Round:
     y = int(rng.integers(80, 320 - 80 - h)) // 2 * 2
     render.draw_label(canvas, text, (x, y, w, h), LABEL_PALETTE[colour], rng)
     return _zoom_round("sign", rng, cfg, canvas, (x, y, w, h), SIGN_ZOOM_SIDE,
-                       f"The zoomed {colour} sign reads {text.title()}.", colour, text)
+                       f"The zoomed {colour} sign reads {text.title()}.", colour, text, {"sign": text})
 
 
 def where(rng: np.random.Generator, cfg: SynthConfig) -> Round:
@@ -268,11 +307,13 @@ def option(rng: np.random.Generator, cfg: SynthConfig) -> Round:
 
 MAKERS: dict[str, Callable[[np.random.Generator, SynthConfig], Round]] = {
     "flash": flash, "screen": screen, "tag": tag, "sign": sign, "where": where, "window": window, "whole": whole,
-    "search": search, "option": option}
+    "search": search, "option": option, "frames": frames}
+#: rounds whose every image carries labels (``meta["images"]``): what the vision pre-training draws
+LABELLED = ("frames", "flash", "screen", "tag", "sign")
 
 
 def make_round(kind: str, rng: np.random.Generator, cfg: SynthConfig | None = None) -> Round:
-    """A fresh round of drill ``kind`` (one of :data:`KINDS`) drawn with ``rng``."""
+    """A fresh round of drill ``kind`` (one of :data:`KINDS`, or ``frames``) drawn with ``rng``."""
     if kind not in MAKERS:
         raise ValueError(f"unknown drill {kind!r}; choose from {', '.join(KINDS)}")
     return MAKERS[kind](rng, cfg or SynthConfig())

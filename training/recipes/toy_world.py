@@ -6,9 +6,11 @@ each skipped when its result is already in the output folder (so a killed run co
 
 1. data — a training world (seed 0) and a held-out test world (seed 1) from :mod:`mmagent.eval.benchmarks.synth`;
    the tool oracle's episodes on the training world are the SFT data, the no-tool oracle's the baseline's;
-2. base — a tiny random Qwen2.5-VL (:func:`mmagent.tiny.build_tiny_qwen2_5_vl`, own tokenizer) pre-trained on
-   drills (:mod:`mmagent.training.pretrain`): fresh rounds every step that teach it to copy and to name what
-   the toy world draws, as a real VLM's pre-training does (never the evaluation items);
+2. vision — a tiny random Qwen2.5-VL (:func:`mmagent.tiny.build_tiny_qwen2_5_vl`, own tokenizer) whose vision
+   tower and merger learn to tell apart what the toy world draws (:mod:`mmagent.training.vision_pretrain`:
+   label heads on fresh images, as a real VLM's encoder is pre-trained before any words);
+   base — that model pre-trained on drills (:mod:`mmagent.training.pretrain`): fresh rounds every step that
+   teach it to copy and to put words to what it sees (never the evaluation items);
 3. sft — the cold start on the tool oracle's episodes; sft_notools — the same on the no-tool episodes, from
    the same pre-trained base, run without tools: the comparison isolates the tools;
 4. grpo and dgrpo — RL from the SFT model on the training world's tasks, GRPO vs DGRPO advantages,
@@ -36,6 +38,7 @@ from mmagent.training.pretrain import PretrainConfig, drill_accuracy, pretrain
 from mmagent.training.rl import RLConfig, train_rl
 from mmagent.training.sft import SFTConfig, train_sft
 from mmagent.training.synth_data import write_sft_data
+from mmagent.training.vision_pretrain import VisionPretrainConfig, vision_pretrain
 
 
 @dataclass
@@ -46,6 +49,13 @@ class RecipeSizes:
     num_layers: int = 4
     #: width of the vision tower (a probe: 32 wide it learned 6 shapes to 0.33, 64 wide to 0.73)
     vision_width: int = 64
+    vision_depth: int = 2
+    #: vision pre-training (:mod:`mmagent.training.vision_pretrain`); 0 skips it
+    vision_steps: int = 600
+    vision_rounds: int = 32
+    vision_lr: float = 3e-3
+    #: the tower's rate in the later stages (drills, SFT, RL): the language model's rates undo what it learned
+    tower_lr: float = 1e-4
     #: drill pre-training (:mod:`mmagent.training.pretrain`)
     pretrain_steps: int = 1200
     pretrain_rounds: int = 16
@@ -69,10 +79,11 @@ class RecipeSizes:
 
 
 QUICK = RecipeSizes(train_per_family=3, test_per_family=2, hidden_size=64, num_layers=2, vision_width=32,
-                    pretrain_steps=4, pretrain_rounds=2, sft_epochs=1, rl_steps=2, rl_prompts=2, rl_group=2,
+                    vision_steps=2, vision_rounds=2, pretrain_steps=4, pretrain_rounds=2, sft_epochs=1, rl_steps=2, rl_prompts=2, rl_group=2,
                     eval_per_family=2, drill_eval=1)
 
 PRETRAIN_FILE = "pretrain.json"
+VISION_FILE = "vision.json"
 #: test items of each family whose greedy answers the installed model records, for tests to reproduce
 REFERENCE_PER_FAMILY = 3
 TEST_WORLD_SEED = 1
@@ -112,11 +123,26 @@ def run_recipe(out: str | Path, sizes: RecipeSizes | None = None, device: str = 
         save_jsonl(trajs, sft_plain)  # every no-tool episode: a guess is what that policy can do
 
     _stage(out, "data", sft_plain, data, timings)
-    def base() -> None:
+    def vision() -> None:
         build_tiny_qwen2_5_vl(out / "random", seed=0, hidden_size=sizes.hidden_size, num_layers=sizes.num_layers,
-                              vision_width=sizes.vision_width)
-        cfg = PretrainConfig(model=str(out / "random"), output_dir=str(out / "base"), steps=sizes.pretrain_steps,
-                             rounds_per_step=sizes.pretrain_rounds, lr=sizes.pretrain_lr, device=device)
+                              vision_width=sizes.vision_width, vision_depth=sizes.vision_depth)
+        if not sizes.vision_steps:  # no vision stage: the drills start from the random model
+            shutil.copytree(out / "random", out / "vision", dirs_exist_ok=True)
+            (out / "vision" / VISION_FILE).write_text(json.dumps({"steps": 0}))
+            return
+        cfg = VisionPretrainConfig(model=str(out / "random"), output_dir=str(out / "vision"),
+                                   steps=sizes.vision_steps, rounds_per_step=sizes.vision_rounds, lr=sizes.vision_lr,
+                                   device=device)
+        result = vision_pretrain(cfg, progress=progress)
+        print(f"[vision] label accuracy: {result['accuracy']}", flush=True)
+        (out / "vision" / VISION_FILE).write_text(json.dumps(result, indent=2))
+
+    _stage(out, "vision", out / "vision" / VISION_FILE, vision, timings)
+
+    def base() -> None:
+        cfg = PretrainConfig(model=str(out / "vision"), output_dir=str(out / "base"), steps=sizes.pretrain_steps,
+                             rounds_per_step=sizes.pretrain_rounds, lr=sizes.pretrain_lr, vision_lr=sizes.tower_lr,
+                             device=device)
         result = pretrain(cfg, progress=progress)
         if sizes.drill_eval:
             result["drill_accuracy"] = drill_accuracy(str(out / "base"), per_kind=sizes.drill_eval, device=device)
@@ -128,7 +154,7 @@ def run_recipe(out: str | Path, sizes: RecipeSizes | None = None, device: str = 
     def sft(name: str, data_path: Path) -> Callable[[], None]:
         cfg = SFTConfig(model=str(out / "base"), data=[str(data_path)], output_dir=str(out / name),
                         epochs=sizes.sft_epochs, lr=sizes.sft_lr, warmup_steps=10, grad_accum=sizes.sft_grad_accum,
-                        freeze_vision=False, cache_episodes=True, save_every=400, device=device)
+                        freeze_vision=False, vision_lr=sizes.tower_lr, cache_episodes=True, save_every=400, device=device)
         return lambda: train_sft(cfg, progress=progress)
 
     _stage(out, "sft", out / "sft" / "final" / "config.json", sft("sft", sft_tools), timings)
@@ -139,7 +165,7 @@ def run_recipe(out: str | Path, sizes: RecipeSizes | None = None, device: str = 
                        steps=sizes.rl_steps, prompts_per_step=sizes.rl_prompts, group_size=sizes.rl_group,
                        lr=sizes.rl_lr, max_new_tokens=sizes.max_new_tokens, advantage={"mode": mode},
                        temperature=sizes.rl_temperature,
-                       freeze_vision=False,
+                       freeze_vision=False, vision_lr=sizes.tower_lr,
                        save_every=10, device=device)
         return lambda: train_rl(cfg, progress=progress)
 
@@ -159,12 +185,12 @@ def run_recipe(out: str | Path, sizes: RecipeSizes | None = None, device: str = 
         timings[f"eval {label}"] = round(time.perf_counter() - t0, 1)
         (out / "results.json").write_text(json.dumps(results, indent=2))
         (out / "timings.json").write_text(json.dumps(timings, indent=2))
-    train_s = sum(v for k, v in timings.items() if k in ("base", "sft", "sft_notools", "grpo", "dgrpo"))
+    train_s = sum(v for k, v in timings.items() if k in ("vision", "base", "sft", "sft_notools", "grpo", "dgrpo"))
     results["timings_s"] = timings
     results["training_s"] = train_s
     (out / "results.json").write_text(json.dumps(results, indent=2))
     table = synth.format_table(results["scores"])
-    (out / "results.md").write_text(table + f"\n\nTraining time (base + both SFTs + both RLs): {train_s / 60:.1f} min\n")
+    (out / "results.md").write_text(table + f"\n\nTraining time (vision + base + both SFTs + both RLs): {train_s / 60:.1f} min\n")
     return results
 
 
