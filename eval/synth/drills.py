@@ -19,6 +19,10 @@ evaluation items):
   ``resample_frames`` call, copy a search result's coordinates (fresh cities of the whole gazetteer,
   hemisphere letters to signs) into an answer, pick the option letter that names what was seen.
 
+Perception rounds also say what each image shows (``meta["images"]``, classes from :func:`image_heads`) for
+the vision pre-training (:mod:`mmagent.training.vision_pretrain`), which also draws ``frames`` rounds (eight
+frames, each its own shape or none; pictures without words).
+
 Every answer is written the way the oracle's turns write it (:mod:`mmagent.eval.synth.oracle`), so that
 what is drilled here is what the SFT episodes later need.
 """
