@@ -144,10 +144,18 @@ def collate(episodes: list[EncodedEpisode], pad_id: int) -> tuple[dict[str, torc
     return inputs, mask
 
 
-def _draw(rng: np.random.Generator, mix: dict[str, float], kinds: tuple[str, ...]) -> str:
+def draw_kind(rng: np.random.Generator, mix: dict[str, float], kinds: tuple[str, ...]) -> str:
+    """One of ``kinds``, drawn with the weights ``mix`` gives them."""
     names = [k for k in kinds if mix.get(k, 0) > 0]
     weights = np.array([mix[k] for k in names], float)
     return names[int(rng.choice(len(names), p=weights / weights.sum()))]
+
+
+def warmup_then_decay(optimizer: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """A linear warm-up over a tenth of the steps (at most 30), then a linear decay to 5% of the rate."""
+    warmup = max(1, min(30, steps // 10))
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) * max(0.05, 1 - s / steps))
 
 
 def phase_of(step: int, cfg: PretrainConfig) -> str:
@@ -180,9 +188,7 @@ def pretrain(cfg: PretrainConfig, progress: bool = True) -> dict[str, Any]:
     system = system_prompt()
     pad = policy.tokenizer.pad_token_id
     optimizer = torch.optim.AdamW(parameter_groups(model, cfg.lr, cfg.vision_lr), lr=cfg.lr, weight_decay=0.0)
-    warmup = max(1, min(30, cfg.steps // 10))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / warmup) * max(0.05, 1 - s / cfg.steps))
+    scheduler = warmup_then_decay(optimizer, cfg.steps)
     language = tuple(k for k in KINDS if k not in PERCEPTION)
     losses: dict[str, list[float]] = {}
     phase = None
@@ -194,7 +200,7 @@ def pretrain(cfg: PretrainConfig, progress: bool = True) -> dict[str, Any]:
             _set_trainable(model, phase, cfg.vision_only)
         rng = np.random.default_rng([cfg.seed, step])
         kinds = language if phase == "language" else PERCEPTION if phase == "vision" else KINDS
-        rounds = [make_round(_draw(rng, cfg.mix, kinds), rng, world) for _ in range(cfg.rounds_per_step)]
+        rounds = [make_round(draw_kind(rng, cfg.mix, kinds), rng, world) for _ in range(cfg.rounds_per_step)]
         inputs, mask = collate([encode_round(policy, r, system) for r in rounds], pad)
         inputs = on_device(model, inputs)
         logits = model(**inputs, use_cache=False).logits.float()

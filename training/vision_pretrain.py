@@ -31,7 +31,7 @@ from mmagent.eval.synth.drills import LABELLED, NONE, Round, image_heads, make_r
 from mmagent.eval.synth.families import SynthConfig
 from mmagent.policy.hf import HFPolicy
 from mmagent.training.common import load_policy, save_final
-from mmagent.training.pretrain import round_view
+from mmagent.training.pretrain import draw_kind, round_view, warmup_then_decay
 
 #: how often each perception drill is drawn (rounds whose images carry labels)
 DEFAULT_MIX = {"frames": 6.0, "screen": 0.5, "tag": 2.0, "sign": 2.0}
@@ -91,9 +91,7 @@ def image_tokens(policy: HFPolicy, images: list[Any]) -> list[torch.Tensor]:
 
 
 def _draw_rounds(rng: np.random.Generator, mix: dict[str, float], n: int, world: SynthConfig) -> list[Round]:
-    names = [k for k, w in mix.items() if w > 0]
-    p = np.array([mix[k] for k in names], float)
-    return [make_round(names[int(rng.choice(len(names), p=p / p.sum()))], rng, world) for _ in range(n)]
+    return [make_round(draw_kind(rng, mix, tuple(mix)), rng, world) for _ in range(n)]
 
 
 def _loss_and_hits(policy: HFPolicy, heads: LabelHeads, rounds: list[Round], classes: dict[str, tuple[str, ...]]
@@ -132,9 +130,7 @@ def vision_pretrain(cfg: VisionPretrainConfig, progress: bool = True) -> dict[st
     heads = LabelHeads(width, classes).to(next(visual.parameters()).device)
     params = list(visual.parameters()) + list(heads.parameters())
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
-    warmup = max(1, min(30, cfg.steps // 10))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / warmup) * max(0.05, 1 - s / cfg.steps))
+    scheduler = warmup_then_decay(optimizer, cfg.steps)
     world = SynthConfig()
     visual.train()
     losses: list[float] = []
