@@ -13,6 +13,7 @@ import torch
 from mmagent.eval.synth.drills import LABELLED, NONE, image_heads, make_round
 from mmagent.eval.synth.families import SynthConfig
 from mmagent.eval.synth.perception import blob_colour, classify_shape, find_shape, frame_colour, read_label_sharp
+from mmagent.eval.synth import render
 from mmagent.eval.synth.render import SHAPES
 
 CFG = SynthConfig()
@@ -69,6 +70,26 @@ def test_screen_tag_and_sign_labels_are_what_the_images_show() -> None:
             assert read == r.meta["images"][0][head], kind
 
 
+def test_glyph_crops_show_the_character_they_are_labelled_with() -> None:
+    """Every lone-character crop reads back (template matching on its pixels) as its label, among all 36;
+    ``digit_glyph`` crops hold digits only."""
+    from mmagent.eval.synth.drills import GLYPH_CHARS, GLYPH_SIDE
+
+    rng = np.random.default_rng(13)
+    for kind in ("digit_glyph", "glyph"):
+        read_right = 0
+        for _ in range(3):
+            r = make_round(kind, rng)
+            assert len(r.observation.images) == 16
+            for image, lab, where in zip(r.observation.images, r.meta["images"], r.meta["labels"]):
+                assert image.size == (GLYPH_SIDE, GLYPH_SIDE)
+                read, _ = read_label_sharp(image, tuple(where["box"]), render.label_size(1), list(GLYPH_CHARS),
+                                           tuple(where["background"]))
+                read_right += read == lab["glyph"]
+                assert kind == "glyph" or lab["glyph"].isdigit()
+        assert read_right == 48, kind
+
+
 @pytest.fixture(scope="module")
 def random_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from mmagent.tiny import build_tiny_qwen2_5_vl
@@ -87,7 +108,7 @@ def test_the_tower_learns_screen_colours_and_nothing_else_changes(random_model: 
     from mmagent.training.vision_pretrain import VisionPretrainConfig, vision_pretrain
 
     cfg = VisionPretrainConfig(model=str(random_model), output_dir=str(tmp_path / "out"), steps=15,
-                               rounds_per_step=4, lr=1e-2, mix={"screen": 1.0})
+                               rounds_per_step=4, lr=1e-2, mix={"screen": 1.0}, phases=())
     result = vision_pretrain(cfg, progress=False)
     assert result["accuracy"]["screen"] >= 0.9, result
     before = AutoModelForImageTextToText.from_pretrained(random_model).state_dict()
@@ -99,6 +120,22 @@ def test_the_tower_learns_screen_colours_and_nothing_else_changes(random_model: 
     assert saved["vision"]["accuracy"] == result["accuracy"]
     with pytest.raises(ValueError, match="without image labels"):
         vision_pretrain(VisionPretrainConfig(model=str(random_model), mix={"where": 1.0}), progress=False)
+
+
+def test_the_rate_holds_then_decays() -> None:
+    from mmagent.training.pretrain import warmup_then_decay
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = warmup_then_decay(opt, 100, hold=0.5)
+    rates = []
+    for _ in range(100):
+        rates.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert rates[0] == pytest.approx(0.1) and rates[9] == rates[49] == 1.0  # ten warm-up steps, then held
+    assert rates[75] == pytest.approx(0.5) and rates[99] == pytest.approx(0.05)
+    plain = warmup_then_decay(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), 100)
+    assert plain.lr_lambdas[0](50) == pytest.approx(0.5)  # hold=0: the decay starts at once, as before
 
 
 def test_the_vision_tower_gets_its_own_learning_rate(random_model: Path) -> None:

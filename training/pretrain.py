@@ -151,11 +151,18 @@ def draw_kind(rng: np.random.Generator, mix: dict[str, float], kinds: tuple[str,
     return names[int(rng.choice(len(names), p=weights / weights.sum()))]
 
 
-def warmup_then_decay(optimizer: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """A linear warm-up over a tenth of the steps (at most 30), then a linear decay to 5% of the rate."""
+def warmup_then_decay(optimizer: torch.optim.Optimizer, steps: int, hold: float = 0.0
+                      ) -> torch.optim.lr_scheduler.LambdaLR:
+    """A linear warm-up over a tenth of the steps (at most 30), the full rate until ``hold`` of the steps,
+    then a linear decay to 5% of the rate at the end."""
     warmup = max(1, min(30, steps // 10))
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / warmup) * max(0.05, 1 - s / steps))
+    start = int(hold * steps)
+
+    def factor(s: int) -> float:
+        decay = 1.0 if s < start else 1 - (s - start) / max(1, steps - start)
+        return min(1.0, (s + 1) / warmup) * max(0.05, decay)
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 def phase_of(step: int, cfg: PretrainConfig) -> str:

@@ -12,6 +12,10 @@ and colour, a sign's text (the classes are :func:`~mmagent.eval.synth.drills.ima
 vision tower, its merger and the heads train; the heads are dropped afterwards and the model is saved
 with its new tower, ready for the drill stage (:mod:`mmagent.training.pretrain`) to put words to it.
 
+The stage runs in phases (``phases``, then ``steps`` of ``mix``) under one warm-up-then-decay schedule:
+lone characters on small crops first (``digit_glyph``), because a random tower does not find a
+checker-inked character inside a whole zoom view, and does learn it where the label is all there is.
+
 :func:`vision_accuracy` scores the tower the same way on fresh rounds (seeded apart from training's).
 """
 
@@ -34,7 +38,10 @@ from mmagent.training.common import load_policy, save_final
 from mmagent.training.pretrain import draw_kind, round_view, warmup_then_decay
 
 #: how often each perception drill is drawn (rounds whose images carry labels)
-DEFAULT_MIX = {"frames": 6.0, "screen": 0.5, "tag": 2.0, "sign": 2.0}
+DEFAULT_MIX = {"frames": 6.0, "screen": 0.5, "tag": 2.0, "sign": 2.0, "digit_glyph": 1.0, "glyph": 1.0}
+#: the steps before the main mix: (steps, rounds a step, mix). Lone digits on small crops first: a random
+#: tower learns to read the checker-inked characters there, and nowhere else (see ``drills.digit_glyph``)
+DEFAULT_PHASES: tuple[tuple[int, int, dict[str, float]], ...] = ((700, 4, {"digit_glyph": 1.0}),)
 
 
 @dataclass
@@ -48,6 +55,11 @@ class VisionPretrainConfig:
     rounds_per_step: int = 32
     lr: float = 3e-3
     mix: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_MIX))
+    #: steps drawn before the main ``steps``: (steps, rounds a step, mix), in order
+    phases: tuple[tuple[int, int, dict[str, float]], ...] = DEFAULT_PHASES
+    #: share of all steps at the full rate before it decays (lone digits on crops: 0.99 after 700 steps at
+    #: a constant 1e-3, 0.66 with the rate decaying from the start)
+    hold: float = 0.6
     seed: int = 0
     device: str = "cpu"
 
@@ -115,7 +127,7 @@ def vision_pretrain(cfg: VisionPretrainConfig, progress: bool = True) -> dict[st
     if not cfg.model:
         raise ValueError("vision pre-training needs model= (a checkpoint folder)")
     classes = image_heads()
-    unknown = set(cfg.mix) - set(LABELLED)
+    unknown = (set(cfg.mix) | {k for _, _, mix in cfg.phases for k in mix}) - set(LABELLED)
     if unknown:
         raise ValueError(f"drills without image labels in mix: {sorted(unknown)}; use {', '.join(LABELLED)}")
     torch.manual_seed(cfg.seed)
@@ -130,15 +142,17 @@ def vision_pretrain(cfg: VisionPretrainConfig, progress: bool = True) -> dict[st
     heads = LabelHeads(width, classes).to(next(visual.parameters()).device)
     params = list(visual.parameters()) + list(heads.parameters())
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
-    scheduler = warmup_then_decay(optimizer, cfg.steps)
+    plan = [(rounds, mix) for steps, rounds, mix in cfg.phases for _ in range(steps)]
+    plan += [(cfg.rounds_per_step, cfg.mix)] * cfg.steps
+    scheduler = warmup_then_decay(optimizer, len(plan), hold=cfg.hold)
     world = SynthConfig()
     visual.train()
     losses: list[float] = []
     t0 = time.perf_counter()
-    bar = tqdm(range(cfg.steps), desc="vision", unit="step", disable=not progress)
-    for step in bar:
+    bar = tqdm(plan, desc="vision", unit="step", disable=not progress)
+    for step, (rounds, mix) in enumerate(bar):
         rng = np.random.default_rng([cfg.seed, 7, step])
-        loss, _ = _loss_and_hits(policy, heads, _draw_rounds(rng, cfg.mix, cfg.rounds_per_step, world), classes)
+        loss, _ = _loss_and_hits(policy, heads, _draw_rounds(rng, mix, rounds, world), classes)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
@@ -152,7 +166,7 @@ def vision_pretrain(cfg: VisionPretrainConfig, progress: bool = True) -> dict[st
     for p in model.parameters():
         p.requires_grad_(True)
     accuracy = vision_accuracy(policy, heads, mix=cfg.mix)
-    result = {"steps": cfg.steps, "seconds": seconds, "loss": round(float(np.mean(losses[-50:])), 4),
+    result = {"steps": len(plan), "seconds": seconds, "loss": round(float(np.mean(losses[-50:])), 4),
               "accuracy": accuracy, "config": asdict(cfg)}
     save_final(model, policy, cfg.output_dir, about={"trained_by": "mmagent vision pre-training", "vision": result})
     return result

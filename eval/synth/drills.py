@@ -21,7 +21,9 @@ evaluation items):
 
 Perception rounds also say what each image shows (``meta["images"]``, classes from :func:`image_heads`) for
 the vision pre-training (:mod:`mmagent.training.vision_pretrain`), which also draws ``frames`` rounds (eight
-frames, each its own shape or none; pictures without words).
+frames, each its own shape or none; pictures without words) and ``digit_glyph`` / ``glyph`` rounds
+(sixteen lone one-character labels on small crops at a zoom's scale: the characters tags and signs write,
+learned where nothing else is in view before they are looked for in whole zooms).
 
 Every answer is written the way the oracle's turns write it (:mod:`mmagent.eval.synth.oracle`), so that
 what is drilled here is what the SFT episodes later need.
@@ -29,6 +31,8 @@ what is drilled here is what the SFT episodes later need.
 
 from __future__ import annotations
 
+import math
+import string
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -42,6 +46,7 @@ from mmagent.eval.synth.families import (EVENT_COLOURS, LABEL_PALETTE, LETTERS, 
 from mmagent.eval.synth.oracle import SIGN_ZOOM_SIDE, TAG_ZOOM_SIDE, _answer, _call, article, zoom_box
 from mmagent.eval.synth.render import SHAPES
 from mmagent.toolbox.base import Observation
+from mmagent.toolbox.zoom import Zoom
 from mmagent.toolbox.frames import draw_time, window_times
 
 #: the drills a mix can name
@@ -74,7 +79,8 @@ def image_heads() -> dict[str, tuple[str, ...]]:
     zoomed tag's character and colour, a zoomed sign's text (the closed list of cities and the sign words)."""
     return {"colour": (NONE,) + tuple(EVENT_COLOURS), "shape": (NONE,) + tuple(SHAPES), "screen": tuple(PALETTE),
             "digit": tuple(_IMAGE_QA_LEVELS["easy"][1]), "tag_colour": tuple(TAG_COLOURS),
-            "sign": tuple(sorted({c["name"].upper() for c in sign_cities()} | set(SIGN_WORDS)))}
+            "sign": tuple(sorted({c["name"].upper() for c in sign_cities()} | set(SIGN_WORDS))),
+            "glyph": GLYPH_CHARS}
 
 
 #: how many frames a ``flash`` round shows (drawn uniformly)
@@ -184,7 +190,6 @@ def _zoom_round(kind: str, rng: np.random.Generator, cfg: SynthConfig, canvas: n
                 labels: dict[str, str]) -> Round:
     """Zoom (the real tool) on ``box`` of ``canvas``, the box moved by up to 3 view pixels each way."""
     from mmagent.media import EpisodeMedia
-    from mmagent.toolbox.zoom import Zoom
 
     image = Image.fromarray(canvas)
     view = (round(image.width / 8), round(image.height / 8))
@@ -224,6 +229,56 @@ def sign(rng: np.random.Generator, cfg: SynthConfig) -> Round:
     render.draw_label(canvas, text, (x, y, w, h), LABEL_PALETTE[colour], rng)
     return _zoom_round("sign", rng, cfg, canvas, (x, y, w, h), SIGN_ZOOM_SIDE,
                        f"The zoomed {colour} sign reads {text.title()}.", colour, text, {"sign": text})
+
+
+#: side (view pixels) of a glyph crop: 3x3 merged tokens, small enough to draw a thousand a second
+GLYPH_SIDE = 84
+#: view pixels per source pixel at which a zoom shows a tag: its box (TAG_ZOOM_SIDE first-look pixels, eight
+#: source pixels each, padded by the zoom tool) fitted to the observation's 224 pixels (about 1.46)
+TAG_VIEW_SCALE = math.sqrt(SynthConfig.observation_pixels) / (TAG_ZOOM_SIDE * 8 * (1 + 2 * Zoom().pad_ratio))
+#: scales a ``glyph`` crop is drawn at: around the tag's and a sign's (about 1.15), a little wider
+GLYPH_SCALE = (1.0, 1.7)
+#: characters a ``glyph`` crop shows: every digit a tag and every letter a sign writes
+GLYPH_CHARS = tuple(string.digits + string.ascii_uppercase)
+
+
+def _glyph_crops(kind: str, rng: np.random.Generator, chars: Sequence[str], scales: tuple[float, float],
+                 count: int) -> Round:
+    w, h = render.label_size(1)
+    images, labels, boxes = [], [], []
+    for _ in range(count):
+        scale = float(rng.uniform(*scales))
+        size = max(round(GLYPH_SIDE / scale), max(w, h) + 2)
+        canvas = np.empty((size, size, 3), np.uint8)
+        canvas[:] = render.muted(rng)
+        c = render.CHECKER_CELL
+        x, y = (int(rng.integers(0, size - d + 1)) // c * c for d in (w, h))
+        char, colour = str(rng.choice(list(chars))), str(rng.choice(list(LABEL_PALETTE)))
+        render.draw_label(canvas, char, (x, y, w, h), LABEL_PALETTE[colour], rng)
+        images.append(Image.fromarray(canvas).resize((GLYPH_SIDE, GLYPH_SIDE), Image.BICUBIC))
+        labels.append({"glyph": char})
+        k = GLYPH_SIDE / size
+        boxes.append({"box": [x * k, y * k, (x + w) * k, (y + h) * k], "background": list(LABEL_PALETTE[colour])})
+    obs = Observation(text=f"{count} labels, one character each.", images=images,
+                      image_labels=[str(k) for k in range(count)])
+    return Round(kind, "", observation=obs, meta={"images": labels, "labels": boxes})
+
+
+def digit_glyph(rng: np.random.Generator, cfg: SynthConfig, count: int = 16) -> Round:
+    """Sixteen lone one-digit tags, each on its own small crop at exactly the scale a tag's zoom shows it
+    (checker ink, grain): for the vision pre-training only (no words), its first steps.
+
+    Measured (64-wide tower, 64 crops a step, rate 1e-3): read from whole 224-px zoom views from the start,
+    digits stay at chance after 800 x 32 views; on these crops they are read at 0.72 after 400 steps and
+    0.99 after 700. All 36 characters at a range of scales (``glyph``) stay at chance for 800 steps from a
+    random tower, and climb once the tower has learned the digits here first."""
+    return _glyph_crops("digit_glyph", rng, string.digits, (TAG_VIEW_SCALE, TAG_VIEW_SCALE), count)
+
+
+def glyph(rng: np.random.Generator, cfg: SynthConfig, count: int = 16) -> Round:
+    """Sixteen lone one-character labels (every digit and letter) on small crops at scales around a tag's
+    and a sign's zoom: for the vision pre-training only, after :func:`digit_glyph`."""
+    return _glyph_crops("glyph", rng, GLYPH_CHARS, GLYPH_SCALE, count)
 
 
 def where(rng: np.random.Generator, cfg: SynthConfig) -> Round:
@@ -311,13 +366,13 @@ def option(rng: np.random.Generator, cfg: SynthConfig) -> Round:
 
 MAKERS: dict[str, Callable[[np.random.Generator, SynthConfig], Round]] = {
     "flash": flash, "screen": screen, "tag": tag, "sign": sign, "where": where, "window": window, "whole": whole,
-    "search": search, "option": option, "frames": frames}
+    "search": search, "option": option, "frames": frames, "digit_glyph": digit_glyph, "glyph": glyph}
 #: rounds whose every image carries labels (``meta["images"]``): what the vision pre-training draws
-LABELLED = ("frames", "flash", "screen", "tag", "sign")
+LABELLED = ("frames", "flash", "screen", "tag", "sign", "digit_glyph", "glyph")
 
 
 def make_round(kind: str, rng: np.random.Generator, cfg: SynthConfig | None = None) -> Round:
-    """A fresh round of drill ``kind`` (one of :data:`KINDS`, or ``frames``) drawn with ``rng``."""
+    """A fresh round of drill ``kind`` (one of :data:`KINDS`, or the vision-only ``frames``, ``digit_glyph`` and ``glyph``) drawn with ``rng``."""
     if kind not in MAKERS:
         raise ValueError(f"unknown drill {kind!r}; choose from {', '.join(KINDS)}")
     return MAKERS[kind](rng, cfg or SynthConfig())

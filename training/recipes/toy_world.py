@@ -54,6 +54,9 @@ class RecipeSizes:
     vision_steps: int = 600
     vision_rounds: int = 32
     vision_lr: float = 3e-3
+    #: steps of lone digits on small crops before the main vision mix (``drills.digit_glyph``), rounds a step
+    vision_glyph_steps: int = 700
+    vision_glyph_rounds: int = 4
     #: the tower's rate in the later stages (drills, SFT, RL): the language model's rates undo what it learned
     tower_lr: float = 1e-4
     #: drill pre-training (:mod:`mmagent.training.pretrain`)
@@ -79,8 +82,9 @@ class RecipeSizes:
 
 
 QUICK = RecipeSizes(train_per_family=3, test_per_family=2, hidden_size=64, num_layers=2, vision_width=32,
-                    vision_steps=2, vision_rounds=2, pretrain_steps=4, pretrain_rounds=2, sft_epochs=1, rl_steps=2, rl_prompts=2, rl_group=2,
-                    eval_per_family=2, drill_eval=1)
+                    vision_steps=2, vision_rounds=2, vision_glyph_steps=2, vision_glyph_rounds=1, pretrain_steps=4,
+                    pretrain_rounds=2, sft_epochs=1, rl_steps=2, rl_prompts=2, rl_group=2, eval_per_family=2,
+                    drill_eval=1)
 
 PRETRAIN_FILE = "pretrain.json"
 VISION_FILE = "vision.json"
@@ -132,6 +136,7 @@ def run_recipe(out: str | Path, sizes: RecipeSizes | None = None, device: str = 
             return
         cfg = VisionPretrainConfig(model=str(out / "random"), output_dir=str(out / "vision"),
                                    steps=sizes.vision_steps, rounds_per_step=sizes.vision_rounds, lr=sizes.vision_lr,
+                                   phases=((sizes.vision_glyph_steps, sizes.vision_glyph_rounds, {"digit_glyph": 1.0}),),
                                    device=device)
         result = vision_pretrain(cfg, progress=progress)
         print(f"[vision] label accuracy: {result['accuracy']}", flush=True)
