@@ -23,7 +23,8 @@ def test_the_quick_recipe_runs_every_stage_and_resumes(tmp_path: Path, capsys) -
         assert {"video_qa", "grounding", "image_qa", "geolocation", "overall"} <= set(scores), label
         assert all("se" in row and row["se"] >= 0 for row in scores.values()), label
     vision = json.loads((out / "vision" / "vision.json").read_text())
-    assert vision["steps"] == QUICK.vision_steps and set(vision["accuracy"]) >= {"digit", "sign", "screen"}
+    assert vision["steps"] == QUICK.vision_steps and vision["all_steps"] == QUICK.vision_steps + QUICK.vision_glyph_steps
+    assert set(vision["accuracy"]) >= {"digit", "sign", "screen"}
     pretrained = json.loads((out / "base" / "pretrain.json").read_text())
     assert pretrained["steps"] == QUICK.pretrain_steps and set(pretrained["drill_accuracy"]) >= {"flash", "where"}
     assert "±" in (out / "results.md").read_text()

@@ -53,7 +53,8 @@ class VisionPretrainConfig:
     steps: int = 600
     #: drill rounds per step (a frames, flash or screen round holds up to eight images)
     rounds_per_step: int = 32
-    lr: float = 3e-3
+    #: 1e-3: at the recipe's 700 + 600 x 32 steps, characters 0.23 and shapes 0.72, against 0.06 and 0.50 at 3e-3
+    lr: float = 1e-3
     mix: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_MIX))
     #: steps drawn before the main ``steps``: (steps, rounds a step, mix), in order
     phases: tuple[tuple[int, int, dict[str, float]], ...] = DEFAULT_PHASES
@@ -166,7 +167,8 @@ def vision_pretrain(cfg: VisionPretrainConfig, progress: bool = True) -> dict[st
     for p in model.parameters():
         p.requires_grad_(True)
     accuracy = vision_accuracy(policy, heads, mix=cfg.mix)
-    result = {"steps": len(plan), "seconds": seconds, "loss": round(float(np.mean(losses[-50:])), 4),
+    result = {"steps": cfg.steps, "all_steps": len(plan), "seconds": seconds,
+              "loss": round(float(np.mean(losses[-50:])), 4),
               "accuracy": accuracy, "config": asdict(cfg)}
     save_final(model, policy, cfg.output_dir, about={"trained_by": "mmagent vision pre-training", "vision": result})
     return result

@@ -53,7 +53,7 @@ class RecipeSizes:
     #: vision pre-training (:mod:`mmagent.training.vision_pretrain`); 0 skips it
     vision_steps: int = 600
     vision_rounds: int = 32
-    vision_lr: float = 3e-3
+    vision_lr: float = 1e-3
     #: steps of lone digits on small crops before the main vision mix (``drills.digit_glyph``), rounds a step
     vision_glyph_steps: int = 700
     vision_glyph_rounds: int = 4
