@@ -156,6 +156,39 @@ def test_rounds_encode_as_episodes_with_loss_on_the_answers_only(vision_model: P
             assert torch.allclose(batched[row, :e.num_tokens], alone, atol=1e-4)
 
 
+def test_length_groups_give_the_gradients_of_one_padded_batch(vision_model: Path) -> None:
+    """A step's rounds run in groups of similar length (a long search round no longer pads short ones to
+    its length): same loss, same gradients as the whole step as one padded batch."""
+    from mmagent.training.common import load_policy
+    from mmagent.training.losses import sft_loss
+    from mmagent.training.pretrain import collate, drill_loss, encode_round, length_groups, system_prompt
+
+    policy = load_policy(str(vision_model))
+    model = policy.model
+    rng = np.random.default_rng(11)
+    rounds = [make_round(k, rng) for k in ("search", "window", "flash", "option", "window", "tag")]
+    episodes = [encode_round(policy, r, system_prompt()) for r in rounds]
+    lengths = sorted(e.num_tokens for e in episodes)
+    groups = length_groups(episodes, max_tokens=3 * lengths[-2])
+    assert [e.num_tokens for g in groups for e in g] == lengths  # every round once, shortest first
+    assert all(len(g) * g[-1].num_tokens <= 3 * lengths[-2] or len(g) == 1 for g in groups)
+    assert len(groups) > 1 and groups[-1] == [max(episodes, key=lambda e: e.num_tokens)]
+
+    def grads() -> list[torch.Tensor]:
+        out = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        model.zero_grad(set_to_none=True)
+        return out
+
+    inputs, mask = collate(episodes, policy.tokenizer.pad_token_id)
+    whole = sft_loss(model(**inputs, use_cache=False).logits.float()[:, :-1], inputs["input_ids"][:, 1:], mask[:, 1:])
+    whole.backward()
+    expected = grads()
+    value = drill_loss(model, episodes, policy.tokenizer.pad_token_id, max_tokens=3 * lengths[-2])
+    got = grads()
+    assert value == pytest.approx(float(whole.detach()), rel=1e-4)
+    assert len(got) == len(expected) and all(torch.allclose(a, b, atol=1e-5, rtol=1e-3) for a, b in zip(got, expected))
+
+
 def test_pretraining_teaches_a_copy_drill(vision_model: Path, tmp_path: Path) -> None:
     """The language phase alone, on one drill (copy the video's length into a call): the loss on fresh rounds
     falls by more than half, and the stage's bookkeeping (phases, saved model, drill accuracy) holds."""

@@ -71,6 +71,9 @@ class PretrainConfig:
     mix: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_MIX))
     seed: int = 0
     device: str = "cpu"
+    #: padded tokens in one forward pass: a step's rounds go through the model in groups of similar length
+    #: (:func:`length_groups`), so one long search round does not pad fifteen short ones to its length
+    micro_batch_tokens: int = 4096
 
 
 #: the system prompt of a drill conversation: short, since the agent's (about 750 tokens of tool schemas)
@@ -144,6 +147,37 @@ def collate(episodes: list[EncodedEpisode], pad_id: int) -> tuple[dict[str, torc
     return inputs, mask
 
 
+def length_groups(episodes: list[EncodedEpisode], max_tokens: int) -> list[list[EncodedEpisode]]:
+    """``episodes`` sorted by length and cut into groups whose padded size (rows x longest) stays within
+    ``max_tokens`` (a longer episode is a group of its own). Measured (128-wide 4-layer model, 1 thread):
+    one search round (about 1,200 tokens) padded fifteen 170-token window rounds to its length (5.3 s for
+    the step against 0.35 s without it); a default-mix step of 16 rounds took 1.45 s as one padded batch and
+    0.68 s in groups of 4,096 tokens (0.68 / 0.63 at 2,048 / 1,024)."""
+    groups: list[list[EncodedEpisode]] = []
+    for e in sorted(episodes, key=lambda e: e.num_tokens):
+        if groups and (len(groups[-1]) + 1) * e.num_tokens <= max_tokens:
+            groups[-1].append(e)
+        else:
+            groups.append([e])
+    return groups
+
+
+def drill_loss(model: torch.nn.Module, episodes: list[EncodedEpisode], pad_id: int, max_tokens: int) -> float:
+    """Back-propagate the step's loss (cross entropy averaged over every answer token of ``episodes``) one
+    length group at a time; the gradients are those of one padded batch. Returns the loss."""
+    total = sum(int(e.loss_mask[1:].sum()) for e in episodes)
+    value = 0.0
+    for group in length_groups(episodes, max_tokens):
+        inputs, mask = collate(group, pad_id)
+        inputs = on_device(model, inputs)
+        logits = model(**inputs, use_cache=False).logits.float()
+        mask = mask[:, 1:].to(logits.device)
+        loss = sft_loss(logits[:, :-1], inputs["input_ids"][:, 1:], mask) * (mask.sum() / max(1, total))
+        loss.backward()
+        value += float(loss.detach())
+    return value
+
+
 def draw_kind(rng: np.random.Generator, mix: dict[str, float], kinds: tuple[str, ...]) -> str:
     """One of ``kinds``, drawn with the weights ``mix`` gives them."""
     names = [k for k in kinds if mix.get(k, 0) > 0]
@@ -208,16 +242,12 @@ def pretrain(cfg: PretrainConfig, progress: bool = True) -> dict[str, Any]:
         rng = np.random.default_rng([cfg.seed, step])
         kinds = language if phase == "language" else PERCEPTION if phase == "vision" else KINDS
         rounds = [make_round(draw_kind(rng, cfg.mix, kinds), rng, world) for _ in range(cfg.rounds_per_step)]
-        inputs, mask = collate([encode_round(policy, r, system) for r in rounds], pad)
-        inputs = on_device(model, inputs)
-        logits = model(**inputs, use_cache=False).logits.float()
-        loss = sft_loss(logits[:, :-1], inputs["input_ids"][:, 1:], mask[:, 1:].to(logits.device))
-        loss.backward()
+        loss = drill_loss(model, [encode_round(policy, r, system) for r in rounds], pad, cfg.micro_batch_tokens)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        losses.setdefault(phase, []).append(float(loss.detach()))
+        losses.setdefault(phase, []).append(loss)
         if step % 10 == 0:
             bar.set_postfix(phase=phase, loss=f"{np.mean(losses[phase][-20:]):.3f}")
     model.eval()

@@ -309,9 +309,8 @@ def where(rng: np.random.Generator, cfg: SynthConfig) -> Round:
 def window(rng: np.random.Generator, cfg: SynthConfig) -> Round:
     w0 = int(rng.integers(1, 170))
     w1 = w0 + int(rng.integers(4, 15))
-    thing = str(rng.choice(["colour is the shape", "shape"]))
-    question = (f"What {thing} appears between {w0} s and {w1} s?" if thing != "shape"
-                else f"Which shape appears between {w0} s and {w1} s?")
+    question = str(rng.choice([f"What colour is the shape that appears between {w0} s and {w1} s?",
+                               f"Which shape appears between {w0} s and {w1} s?"]))
     answer = _call(f"The question is about {w0}-{w1} s; my first frames skip that moment. I will look closer.",
                    "resample_frames", {"start": float(w0), "end": float(w1), "num_frames": cfg.probe_frames})
     return Round("window", answer, text=question)
