@@ -111,11 +111,26 @@ def test_option_drills_answer_the_letter_of_what_was_seen() -> None:
     rng = np.random.default_rng(9)
     for _ in range(20):
         r = make_round("option", rng)
-        letter = re.fullmatch(r"<answer>([ABCD])</answer>", r.answer).group(1)
+        think, letter = re.fullmatch(r"<think>(.*)</think>\n<answer>([ABCD])</answer>", r.answer).groups()
         options = dict(re.findall(r"^([ABCD])\. (\w+)$", r.text, flags=re.M))
         seen = r.text.rsplit("\n", 1)[1]
         assert re.search(rf"\b{options[letter]}\b", seen)
         assert sum(bool(re.search(rf"\b{v}\b", seen)) for v in options.values()) >= 1
+        # the seen sentence, then the seen value held against each option up to the one that matches
+        checks = re.findall(r"(\w+) vs ([ABCD])\. (\w+): (yes|no)\.", think)
+        assert think.startswith(seen + " ") and [c[1] for c in checks] == list("ABCD"[:"ABCD".index(letter) + 1])
+        assert all(value == options[letter] and options[k] == v and (said == "yes") == (k == letter)
+                   for value, k, v, said in checks)
+
+
+def test_choose_holds_the_value_against_each_option_until_it_matches() -> None:
+    from mmagent.eval.synth.oracle import choose
+
+    assert choose("It is blue.", ["red", "blue", "star", "cyan"], "blue") == (
+        "<think>It is blue. blue vs A. red: no. blue vs B. blue: yes.</think>\n<answer>B</answer>")
+    assert choose("Reads 7.", ["7", "1", "2", "3"], "7") == "<think>Reads 7. 7 vs A. 7: yes.</think>\n<answer>A</answer>"
+    with pytest.raises(ValueError):
+        choose("It is green.", ["red", "blue", "star", "cyan"], "green")
 
 
 @pytest.fixture(scope="module")

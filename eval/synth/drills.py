@@ -17,7 +17,9 @@ evaluation items):
 * ``where`` — a scene at the first look's size: the zoom box around the named tag or the green sign.
 * ``window`` / ``whole`` / ``search`` / ``option`` — language: copy a question's window or length into a
   ``resample_frames`` call, copy a search result's coordinates (fresh cities of the whole gazetteer,
-  hemisphere letters to signs) into an answer, pick the option letter that names what was seen.
+  hemisphere letters to signs) into an answer, pick the option letter that names what was seen (written
+  as the oracle's final turn writes it, :func:`mmagent.eval.synth.oracle.choose`: what was seen held
+  against each option until one matches).
 
 Perception rounds also say what each image shows (``meta["images"]``, classes from :func:`image_heads`) for
 the vision pre-training (:mod:`mmagent.training.vision_pretrain`), which also draws ``frames`` rounds (eight
@@ -43,7 +45,7 @@ from mmagent.eval.synth import render
 from mmagent.eval.synth.families import (EVENT_COLOURS, LABEL_PALETTE, LETTERS, PALETTE, SIGN_CHARS, SIGN_COLOUR,
                                          SIGN_WORDS, TAG_COLOURS, SynthConfig, _IMAGE_QA_LEVELS, city_pool,
                                          geolocation_scene, image_qa_scene, sign_cities)
-from mmagent.eval.synth.oracle import SIGN_ZOOM_SIDE, TAG_ZOOM_SIDE, _answer, _call, article, zoom_box
+from mmagent.eval.synth.oracle import SIGN_ZOOM_SIDE, TAG_ZOOM_SIDE, _answer, _call, article, choose, zoom_box
 from mmagent.eval.synth.render import SHAPES
 from mmagent.toolbox.base import Observation
 from mmagent.toolbox.zoom import Zoom
@@ -362,7 +364,7 @@ def option(rng: np.random.Generator, cfg: SynthConfig) -> Round:
         shape = values[k] if kind == 1 else str(rng.choice(SHAPES))
         think = f"The frame at {t:.2f}s shows {article(colour)} {shape}."
         question = "Which shape appears?" if kind == 1 else "What colour is the shape that appears?"
-    return Round("option", f"<answer>{LETTERS[k]}</answer>", text=f"{question}\nOptions:\n{options}\n{think}")
+    return Round("option", choose(think, values, values[k]), text=f"{question}\nOptions:\n{options}\n{think}")
 
 
 MAKERS: dict[str, Callable[[np.random.Generator, SynthConfig], Round]] = {

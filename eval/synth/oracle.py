@@ -113,6 +113,19 @@ def _answer(think: str, answer: str) -> str:
     return f"<think>{think}</think>\n<answer>{answer}</answer>"
 
 
+def choose(think: str, values: Sequence[str], value: str) -> str:
+    """The final turn of a multiple-choice item: ``think``, then ``value`` held against each option in turn
+    until one matches ("cyan vs A. red: no. cyan vs B. cyan: yes."), then that option's letter.
+
+    Why the comparison is written out: a tiny model has to find the letter of the option that names what it
+    saw. Answered directly after the think, that lookup stayed at chance (0.25) for 1,200 drill steps
+    (128-wide 4-layer model, 16 rounds a step); written as this scan, where each decision compares two words
+    a few tokens apart and the letter is the last one written, it was right on 0.78 of fresh rounds after 800."""
+    k = list(values).index(value)
+    scan = " ".join(f"{value} vs {LETTERS[i]}. {values[i]}: {'yes' if i == k else 'no'}." for i in range(k + 1))
+    return _answer(f"{think} {scan}", LETTERS[k])
+
+
 def _call(think: str, name: str, arguments: dict) -> str:
     return f"<think>{think}</think>\n" + format_tool_call(name, arguments)
 
@@ -155,7 +168,7 @@ def _video_qa(state: OracleState, cfg: SynthConfig, use_tools: bool) -> str:
             return _answer(f"I see nothing between {w0} s and {w1} s, so I guess.", _guess(task))
         (colour, shape), t = seen
         value = colour if task.metadata["asks"] == "colour" else shape
-        return _answer(f"The frame at {t:.2f}s shows {article(colour)} {shape}.", LETTERS[values.index(value)])
+        return choose(f"The frame at {t:.2f}s shows {article(colour)} {shape}.", values, value)
     return _call(f"The question is about {w0}-{w1} s; my first frames skip that moment. I will look closer.",
                  "resample_frames", {"start": float(w0), "end": float(w1), "num_frames": cfg.probe_frames})
 
@@ -268,14 +281,14 @@ def _image_qa(state: OracleState, cfg: SynthConfig, use_tools: bool) -> str:
     values = option_values(task)
     if not use_tools:
         text = _read_label_in_first_look(state, label)
-        return _answer(f"The {label['colour']} tag is tiny; it looks most like {text}.", LETTERS[values.index(text)])
+        return choose(f"The {label['colour']} tag is tiny; it looks most like {text}.", values, text)
     if not state.observations:
         return _call(f"The {label['colour']} tag is too small to read. I will zoom in on it.", "zoom",
                      {"bbox": _view_box(state, label["box"], TAG_ZOOM_SIDE), "source": "image"})
     text = _read_zoomed_label(state, label)
     if text is None:
         return _answer("The zoom missed the tag, so I guess.", _guess(task))
-    return _answer(f"The zoomed {label['colour']} tag reads {text}.", LETTERS[values.index(text)])
+    return choose(f"The zoomed {label['colour']} tag reads {text}.", values, text)
 
 
 _COORDS = re.compile(r"at (\d+(?:\.\d+)?) ([NS]) (\d+(?:\.\d+)?) ([EW])")
