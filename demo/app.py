@@ -31,7 +31,7 @@ from mmagent.agent import Agent, Budgets
 from mmagent.media import MediaError, load_image, open_video
 from mmagent.policy.base import Policy
 from mmagent.toolbox.registry import resolve_tools
-from mmagent.demo.display import browser_playable, playable_copy
+from mmagent.demo.display import browser_playable, gallery_file, playable_copy
 from mmagent.demo.episode_view import EpisodeView, GalleryItem, export_trajectory, prompt_items, question_message
 from mmagent.demo.errors import user_message
 from mmagent.demo.examples import Example
@@ -54,7 +54,8 @@ class Update:
 
     status: str
     messages: list[dict[str, Any]]
-    gallery: list[GalleryItem]
+    #: (PNG path, caption) per image: see :func:`mmagent.demo.display.gallery_file`
+    gallery: list[tuple[str, str]]
     answer: str
     files: list[str] | None = None
 
@@ -158,24 +159,33 @@ class DemoRunner:
 
         threading.Thread(target=work, name="mmagent-demo-episode", daemon=True).start()
         t0 = time.perf_counter()
+        written: dict[int, str] = {}
+
+        def gallery() -> list[tuple[str, str]]:  # each image a file, written the first time it is shown
+            items = shown + view.gallery
+            for im, _ in items:
+                if id(im) not in written:
+                    written[id(im)] = gallery_file(im, self.work_dir / "gallery")
+            return [(written[id(im)], caption) for im, caption in items]
+
         try:
-            yield Update("⏳ Waiting for the model…", list(view.messages), list(shown), "")
+            yield Update("⏳ Waiting for the model…", list(view.messages), gallery(), "")
             while True:
                 kind, value = events.get()
                 if kind == "turn":
                     view.add(value)
                     doing = f"running {view.last_call}" if value.role == "assistant" and value.tool_call else "thinking"
                     yield Update(f"⏳ Turn {view.policy_turns}: {doing}… ({time.perf_counter() - t0:.1f} s)",
-                                 list(view.messages), shown + view.gallery, view.answer or "")
+                                 list(view.messages), gallery(), view.answer or "")
                     continue
                 if kind == "done":
                     files = self._export(value)
                     yield Update(self._summary(value, time.perf_counter() - t0), list(view.messages),
-                                 shown + view.gallery, value.answer if value.answer is not None else "", files)
+                                 gallery(), value.answer if value.answer is not None else "", files)
                 elif kind == "stopped":
-                    yield Update("⏹ Stopped.", list(view.messages), shown + view.gallery, view.answer or "")
+                    yield Update("⏹ Stopped.", list(view.messages), gallery(), view.answer or "")
                 else:
-                    yield Update(f"❌ Error: {value}", list(view.messages), shown + view.gallery, view.answer or "")
+                    yield Update(f"❌ Error: {value}", list(view.messages), gallery(), view.answer or "")
                 return
         finally:
             stop.set()  # the visitor left, pressed Stop, or the episode ended: the worker stops at its next turn

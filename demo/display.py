@@ -9,7 +9,10 @@ H.264 in MP4 (PyAV's libx264, no ffmpeg binary needed), scaled to at most :data:
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
+import uuid
 from fractions import Fraction
 from pathlib import Path
 
@@ -34,6 +37,27 @@ def display_image(image: Image.Image, max_side: int = DISPLAY_MAX_SIDE) -> Image
         return image
     scale = max_side / max(w, h)
     return image.resize((max(1, round(w * scale)), max(1, round(h * scale))), Image.BILINEAR)
+
+
+def gallery_file(image: Image.Image, folder: str | os.PathLike) -> str:
+    """``image`` (display-sized) as a PNG in ``folder``, named by its content and written once, atomically;
+    returns its path for the gallery.
+
+    Why not hand Gradio the PIL image: on every update of a streamed gallery Gradio encodes each image again
+    and rewrites the same cache file in place, so a browser still fetching it from the previous update can
+    read a half-written file (seen: a broken image in the browser test under load, uvicorn's "Too little
+    data for declared Content-Length"). A file path it copies into its cache once, under a temporary name."""
+    buffer = io.BytesIO()
+    display_image(image).save(buffer, format="PNG")
+    data = buffer.getvalue()
+    folder = Path(folder)
+    path = folder / f"{hashlib.sha256(data).hexdigest()[:24]}.png"
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        staging = folder / f".{path.name}.{uuid.uuid4().hex}"
+        staging.write_bytes(data)
+        os.replace(staging, path)
+    return str(path)
 
 
 def browser_playable(path: str | os.PathLike) -> bool:

@@ -9,6 +9,7 @@ import json
 import threading
 import time
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -114,7 +115,13 @@ def test_episode_streams_thoughts_calls_images_and_answer(family_model_dir, vide
     assert captions[0].startswith("prompt frame · ") and len(captions) == n_prompt + 2
     assert captions[n_prompt:] == ["turn 1 · resample_frames · obs:1 · 1.25s", "turn 1 · resample_frames · obs:2 · 1.75s"]
     # the frame at 1.25 s of the clip is green (red, green, blue, yellow for a second each)
-    r, g, b = np.asarray(last.gallery[n_prompt][0].convert("RGB"), dtype=float).reshape(-1, 3).mean(0)
+    # every gallery item is a PNG under the work folder, written once: the same image keeps its file across
+    # updates (Gradio rewrote its cache copy of a PIL image on each update, under a browser's reads)
+    path = Path(last.gallery[n_prompt][0])
+    assert path.parent == tmp_path / "work" / "gallery" and path.suffix == ".png"
+    assert [p for p, _ in updates[0].gallery] == [p for p, _ in last.gallery[:n_prompt]]
+    assert not [f for f in path.parent.iterdir() if f.name.startswith(".")]  # no staging file left behind
+    r, g, b = np.asarray(Image.open(path).convert("RGB"), dtype=float).reshape(-1, 3).mean(0)
     assert g > 150 and r < 80 and b < 80
     assert last.answer == "green" and "2 turns, 1 tool call" in last.status
     json_path, zip_path = last.files
