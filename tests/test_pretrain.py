@@ -123,6 +123,26 @@ def test_option_drills_answer_the_letter_of_what_was_seen() -> None:
                    for value, k, v, said in checks)
 
 
+def test_video_answer_rounds_are_an_episode_last_turn_true_of_their_frames() -> None:
+    from mmagent.eval.synth.oracle import choose
+
+    rng = np.random.default_rng(21)
+    for _ in range(6):
+        r = make_round("video_answer", rng)
+        options = dict(re.findall(r"^([ABCD])\. (\w+)$", r.text, flags=re.M))
+        w0, w1 = (float(v) for v in re.search(r"between (\d+) s and (\d+) s", r.text).groups())
+        assert json.loads(r.call.split("<tool_call>")[1].split("</tool_call>")[0])["arguments"] == {
+            "start": w0, "end": w1, "num_frames": CFG.probe_frames}
+        asked = r.meta["colour"] if "colour" in r.text else r.meta["shape"]
+        assert options[r.meta["letter"]] == asked and r.answer.endswith(f"<answer>{r.meta['letter']}</answer>")
+        seen = [k for k, im in enumerate(r.observation.images) if find_shape(im) is not None]
+        assert 1 <= len(seen) <= 3
+        t = r.observation.data["timestamps"][seen[0]]
+        think = f"The frame at {t:.2f}s shows {'an' if r.meta['colour'][0] in 'aeiou' else 'a'} {r.meta['colour']} {r.meta['shape']}."
+        assert r.answer == choose(think, [options[k] for k in "ABCD"], asked)
+        assert all(w0 <= t <= w1 for t in r.observation.data["timestamps"])
+
+
 def test_choose_holds_the_value_against_each_option_until_it_matches() -> None:
     from mmagent.eval.synth.oracle import choose
 
@@ -169,6 +189,23 @@ def test_rounds_encode_as_episodes_with_loss_on_the_answers_only(vision_model: P
         for row, e in enumerate(episodes):
             alone = policy.model(**e.inputs, use_cache=False).logits[0]
             assert torch.allclose(batched[row, :e.num_tokens], alone, atol=1e-4)
+
+
+def test_a_later_turn_round_shows_question_call_and_frames_and_trains_on_the_answer_only(vision_model: Path) -> None:
+    from mmagent.training.common import load_policy
+    from mmagent.training.pretrain import encode_round, system_prompt
+
+    policy = load_policy(str(vision_model))
+    r = make_round("video_answer", np.random.default_rng(5))
+    e = encode_round(policy, r, system_prompt())
+    ids = e.inputs["input_ids"][0]
+    text = policy.tokenizer.decode(ids)
+    asked, called, shown = text.index(r.text), text.index(r.call), text.index("<tool_response>")
+    assert asked < called < shown < text.index(r.answer)  # the episode's order
+    assert text[:called].rstrip().endswith("<|im_start|>assistant")  # the call is the assistant's turn
+    end = policy.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert ids[e.loss_mask.bool()].tolist() == policy.tokenizer.encode(r.answer, add_special_tokens=False) + [end]
+    assert int(e.inputs["image_grid_thw"].shape[0]) == CFG.probe_frames
 
 
 def test_length_groups_give_the_gradients_of_one_padded_batch(vision_model: Path) -> None:

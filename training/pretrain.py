@@ -47,7 +47,7 @@ from mmagent.training.losses import sft_loss
 
 #: how often each drill is drawn in the perception and whole-model phases
 DEFAULT_MIX = {"flash": 3.0, "screen": 2.0, "tag": 3.0, "sign": 2.0, "where": 3.0, "window": 1.0, "whole": 0.5,
-               "search": 1.0, "option": 1.5}
+               "search": 1.0, "option": 1.5, "video_answer": 3.0}
 
 
 @dataclass
@@ -91,6 +91,11 @@ def system_prompt(tools: bool = False) -> str:
 def round_view(policy: HFPolicy, r: Round) -> View:
     """What the policy is shown before it writes ``r.answer``, rendered as in an episode."""
     renderer = policy.renderer
+    if r.observation is not None and r.call:  # a later turn: the question, the agent's call, what it returned
+        asked = renderer.request([Message("user", [Part(text=r.text)])], continues=True)
+        shown = renderer.observation(r.observation)
+        return View(asked.messages + [Message("assistant", [Part(text=r.call)])] + shown.messages, True,
+                    asked.visual_tokens + shown.visual_tokens, r.observation, policy.family)
     if r.observation is not None:
         return renderer.observation(r.observation)
     parts = [Part(image=r.view, handle="image", source_size=r.view.size)] if r.view is not None else []
