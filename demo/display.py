@@ -40,15 +40,15 @@ def display_image(image: Image.Image, max_side: int = DISPLAY_MAX_SIDE) -> Image
 
 
 def gallery_file(image: Image.Image, folder: str | os.PathLike) -> str:
-    """``image`` (display-sized) as a PNG in ``folder``, named by its content and written once, atomically;
-    returns its path for the gallery.
+    """``image`` (already display-sized: :func:`display_image`) as a PNG in ``folder``, named by its content and
+    written once, atomically; returns its path for the gallery.
 
     Why not hand Gradio the PIL image: on every update of a streamed gallery Gradio encodes each image again
     and rewrites the same cache file in place, so a browser still fetching it from the previous update can
     read a half-written file (seen: a broken image in the browser test under load, uvicorn's "Too little
     data for declared Content-Length"). A file path it copies into its cache once, under a temporary name."""
     buffer = io.BytesIO()
-    display_image(image).save(buffer, format="PNG")
+    image.save(buffer, format="PNG")
     data = buffer.getvalue()
     folder = Path(folder)
     path = folder / f"{hashlib.sha256(data).hexdigest()[:24]}.png"

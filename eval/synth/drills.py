@@ -43,7 +43,7 @@ from PIL import Image
 
 from mmagent.eval.synth import render
 from mmagent.eval.synth.families import (EVENT_COLOURS, LABEL_PALETTE, LETTERS, PALETTE, SIGN_CHARS, SIGN_COLOUR,
-                                         SIGN_WORDS, TAG_COLOURS, SynthConfig, _IMAGE_QA_LEVELS, city_pool,
+                                         SIGN_WORDS, TAG_COLOURS, SynthConfig, _IMAGE_QA_LEVELS, _mcq, city_pool,
                                          geolocation_scene, image_qa_scene, sign_cities)
 from mmagent.eval.synth.oracle import SIGN_ZOOM_SIDE, TAG_ZOOM_SIDE, _answer, _call, article, choose, zoom_box
 from mmagent.eval.synth.render import SHAPES
@@ -116,16 +116,19 @@ def _frames_observation(frames: Sequence[np.ndarray], times: Sequence[float], st
     return Observation(text=text, images=images, image_labels=labels, data={"timestamps": list(times)})
 
 
-def flash(rng: np.random.Generator, cfg: SynthConfig) -> Round:
-    start, end, times = _frame_times(rng, cfg, (6, 12), int(rng.choice(FLASH_FRAMES)))
+def _flashed_frames(rng: np.random.Generator, cfg: SynthConfig, times: Sequence[float], none_share: float = 0.0
+                    ) -> tuple[list[np.ndarray], set[int], str, str]:
+    """Frames of a drifting backdrop at ``times`` with one coloured shape in one to three consecutive of
+    them: (frames, indices that show it, shape, colour). With ``none_share`` > 0 that share of the calls
+    shows no shape at all (one more draw of ``rng``, made only then)."""
     s = cfg.frame_size
     backdrop = render.drifting_backdrop(s, rng)
     shape, colour = str(rng.choice(SHAPES)), str(rng.choice(EVENT_COLOURS))
     mask = render.shape_mask(shape, (float(rng.uniform(0.4, 0.6) * s), float(rng.uniform(0.4, 0.6) * s)),
                              float(rng.uniform(0.45, 0.5) * s), (s, s))
     n = len(times)
-    shown = set()
-    if rng.random() > 0.1:
+    shown: set[int] = set()
+    if none_share == 0 or rng.random() > none_share:
         first = int(rng.integers(n))
         shown = set(range(first, min(n, first + int(rng.integers(1, 4)))))
     frames = []
@@ -134,9 +137,15 @@ def flash(rng: np.random.Generator, cfg: SynthConfig) -> Round:
         if k in shown:
             frame[mask] = PALETTE[colour]
         frames.append(frame)
+    return frames, shown, shape, colour
+
+
+def flash(rng: np.random.Generator, cfg: SynthConfig) -> Round:
+    start, end, times = _frame_times(rng, cfg, (6, 12), int(rng.choice(FLASH_FRAMES)))
+    frames, shown, shape, colour = _flashed_frames(rng, cfg, times, none_share=0.1)
     obs = _frames_observation(frames, times, start, end)
     images = [{"colour": colour, "shape": shape} if k in shown else {"colour": NONE, "shape": NONE}
-              for k in range(n)]
+              for k in range(len(times))]
     if not shown:
         return Round("flash", f"No frame between {start:.2f}s and {end:.2f}s shows a shape.", observation=obs,
                      meta={"images": images})
@@ -155,33 +164,18 @@ def video_answer(rng: np.random.Generator, cfg: SynthConfig) -> Round:
     rounds, after SFT, wrote the seen colour in place of the option's ("blue vs A. blue: yes") and chose at chance
     (0.22 on 50 held-out video-QA items); after 400 more steps mostly of these rounds (0.73 exact on fresh
     ones), the same SFT scored 0.68 with tools against 0.20 for its no-tool twin."""
-    from mmagent.eval.synth.families import _mcq
-
     duration = int(rng.choice([60, 120, 180]))
     w0 = int(rng.integers(1, duration - 14))
     w1 = w0 + int(rng.integers(6, 13))
     times = [np.floor(t * cfg.fps + 1e-6) / cfg.fps for t in window_times(float(w0), float(w1), cfg.probe_frames)]
-    s = cfg.frame_size
-    backdrop = render.drifting_backdrop(s, rng)
-    shape, colour = str(rng.choice(SHAPES)), str(rng.choice(EVENT_COLOURS))
-    mask = render.shape_mask(shape, (float(rng.uniform(0.4, 0.6) * s), float(rng.uniform(0.4, 0.6) * s)),
-                             float(rng.uniform(0.45, 0.5) * s), (s, s))
-    first = int(rng.integers(len(times)))
-    shown = set(range(first, min(len(times), first + int(rng.integers(1, 4)))))
-    frames = []
-    for k, t in enumerate(times):
-        frame = backdrop(round(t * cfg.fps))
-        if k in shown:
-            frame[mask] = PALETTE[colour]
-        frames.append(frame)
+    frames, shown, shape, colour = _flashed_frames(rng, cfg, times)
     if rng.random() < 0.5:
         question = f"What colour is the shape that appears between {w0} s and {w1} s?"
-        options, letter = _mcq(rng, colour, EVENT_COLOURS)
+        value, (options, letter) = colour, _mcq(rng, colour, EVENT_COLOURS)
     else:
         question = f"Which shape appears between {w0} s and {w1} s?"
-        options, letter = _mcq(rng, shape, SHAPES)
+        value, (options, letter) = shape, _mcq(rng, shape, SHAPES)
     values = [o.split(". ", 1)[1] for o in options]
-    value = values["ABCD".index(letter)]
     text = f"This is a video with duration {duration:.2f} seconds. {question}\nOptions:\n" + "\n".join(options)
     call = _call(f"The question is about {w0}-{w1} s; my first frames skip that moment. I will look closer.",
                  "resample_frames", {"start": float(w0), "end": float(w1), "num_frames": cfg.probe_frames})
