@@ -236,6 +236,19 @@ def test_k3_kl_to_the_reference() -> None:
     assert stats["kl"] == pytest.approx(k3, rel=1e-5) and float(loss) == pytest.approx(0.1 * k3, rel=1e-5)
 
 
+def test_the_logged_kl_does_not_touch_the_graph() -> None:
+    """With the policy's log-probs requiring grad, logging the KL must not warn (it did, every RL step)."""
+    import warnings
+
+    logp = torch.tensor([[math.log(0.25)]], requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loss, stats = policy_loss(logp, logp.detach(), torch.tensor([1.0]), torch.ones(1, 1),
+                                  ref_logp=torch.tensor([[math.log(0.5)]]), kl_coef=0.1)
+    loss.backward()
+    assert stats["kl"] > 0 and logp.grad is not None
+
+
 def test_sft_loss_and_token_logprobs() -> None:
     logits = torch.zeros(1, 3, 4)  # uniform over 4 tokens: -log(1/4) each
     logits[0, 2, 1] = 100.0  # a confident, masked position

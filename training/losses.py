@@ -58,7 +58,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         delta = ref_logp.detach() - logp
         kl = torch.exp(delta) - delta - 1  # k3: unbiased, always >= 0
         per_token = per_token + kl_coef * kl
-        kl_mean = float((kl * m).sum() / m.sum().clamp(min=1))
+        kl_mean = float((kl.detach() * m).sum() / m.sum().clamp(min=1))  # a logged figure, not part of the graph
     loss = aggregate(per_token, mask, aggregation)
     with torch.no_grad():
         active = m.sum().clamp(min=1)
