@@ -10,7 +10,7 @@ import pytest
 
 import torch
 
-from mmagent.training.recipes.toy_world import QUICK, RUNS, run_recipe
+from mmagent.training.recipes.toy_world import QUICK, RUNS, RecipeSizes, run_recipe
 
 
 @pytest.mark.slow
@@ -42,16 +42,12 @@ def test_the_quick_recipe_runs_every_stage_and_resumes(tmp_path: Path, capsys) -
 def test_a_one_family_recipe_chains_its_drill_stages(tmp_path: Path) -> None:
     """The video_qa preset's shape at --quick sizes: one family in the worlds and the table, the vision stage on
     its own mix without the glyph phase, and each drill stage starting from the one before."""
-    from dataclasses import replace
-
-    from mmagent.training.recipes.toy_world import VIDEO_QA
+    from mmagent.training.recipes.toy_world import VIDEO_QA, quick
 
     torch.set_num_threads(1)
-    sizes = replace(QUICK, families=VIDEO_QA.families, vision_mix=VIDEO_QA.vision_mix, vision_glyph_steps=0,
-                    pretrain_mix=VIDEO_QA.pretrain_mix, pretrain_shares=(0.0, 0.0),
-                    drill_phases=tuple((2, mix) for _, mix in VIDEO_QA.drill_phases))
+    assert quick(RecipeSizes()) == QUICK  # --quick alone is the full recipe's shape
     out = tmp_path / "vqa"
-    results = run_recipe(out, sizes, progress=False)
+    results = run_recipe(out, quick(VIDEO_QA), progress=False)
     assert all(set(scores) == {"video_qa", "overall"} for scores in results["scores"].values())
     assert {json.loads(line)["task"]["metadata"]["family"] for line in
             (out / "data" / "sft_tools.jsonl").read_text().splitlines()} == {"video_qa"}

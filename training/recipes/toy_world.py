@@ -30,7 +30,7 @@ import json
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -107,6 +107,14 @@ QUICK = RecipeSizes(train_per_family=3, test_per_family=2, hidden_size=64, num_l
                     vision_steps=2, vision_rounds=2, vision_glyph_steps=2, vision_glyph_rounds=1, pretrain_steps=4,
                     pretrain_rounds=2, sft_epochs=1, rl_steps=2, rl_prompts=2, rl_group=2, eval_per_family=2,
                     drill_eval=1)
+
+
+def quick(sizes: RecipeSizes) -> RecipeSizes:
+    """``sizes``'s shape (families, mixes, stages) at QUICK's sizes: ``--quick`` checks that a preset runs."""
+    return replace(QUICK, families=sizes.families, vision_mix=sizes.vision_mix,
+                   vision_glyph_steps=QUICK.vision_glyph_steps if sizes.vision_glyph_steps else 0,
+                   pretrain_mix=sizes.pretrain_mix, pretrain_shares=sizes.pretrain_shares,
+                   drill_phases=tuple((2, mix) for _, mix in sizes.drill_phases))
 
 PRETRAIN_FILE = "pretrain.json"
 VISION_FILE = "vision.json"
@@ -188,9 +196,11 @@ def run_recipe(out: str | Path, sizes: RecipeSizes | None = None, device: str = 
                 cfg.mix = dict(mix)
             result = pretrain(cfg, progress=progress)
             if sizes.drill_eval and k == len(stages) - 1:
-                drilled = tuple(sorted({kind for _, m, _ in stages if m for kind in m}))  # custom mixes: their drills
+                # every drill when a stage drew the default mix, else the drills the stages' mixes name
+                custom = all(m for _, m, _ in stages)
+                drilled = {"kinds": tuple(sorted({kind for _, m, _ in stages for kind in m}))} if custom else {}
                 result["drill_accuracy"] = drill_accuracy(str(folder), per_kind=sizes.drill_eval, device=device,
-                                                          **({"kinds": drilled} if drilled else {}))
+                                                          **drilled)
                 print(f"[{names[k]}] drill accuracy: {result['drill_accuracy']}", flush=True)
             (folder / PRETRAIN_FILE).write_text(json.dumps(result, indent=2))
         return run
@@ -283,7 +293,8 @@ def install_default(out: str | Path, run: str = "SFT+DGRPO") -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Train and evaluate the toy-world policies (see the module doc).")
     parser.add_argument("out", help="output folder (a killed run continues here)")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, to check that the recipe runs")
+    parser.add_argument("--quick", action="store_true",
+                        help="the preset at tiny sizes, to check that the recipe runs (1 min)")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="full",
                         help="full: every family (the default model's recipe); video_qa: video QA alone, the "
                              "one-family run whose tools-vs-no-tools gain README reports")
@@ -298,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"{', '.join(PRESETS[args.preset].families)}, and the built-in model answers every family")
     if args.fresh and Path(args.out).exists():
         shutil.rmtree(args.out)
-    results = run_recipe(args.out, QUICK if args.quick else PRESETS[args.preset], device=args.device,
+    sizes = PRESETS[args.preset]
+    results = run_recipe(args.out, quick(sizes) if args.quick else sizes, device=args.device,
                          progress=not args.quiet)
     print(synth.format_table(results["scores"]))
     print(f"training time: {results['training_s'] / 60:.1f} min")
