@@ -152,7 +152,7 @@ def letter_world(fresh_model: Path, tmp_path_factory: pytest.TempPathFactory) ->
     agent = Agent(forced, tools=["resample_frames"], budgets=Budgets(max_turns=2))
     save_jsonl(agent.run_batch([t for t in tasks for _ in range(8)], progress=False), root / "uniform.jsonl")
     # 60 steps at 5e-3: at 40 steps and 1e-2, one SFT seed in eight ended unconverged (loss 0.81 against ~0.55,
-    # a quarter of its answers malformed) and RL then failed from it; 60 at 5e-3 ended at 0.48-0.53 for all eight.
+    # 35 of 64 answers missing or malformed) and RL then failed from it; 60 at 5e-3 ended at 0.48-0.53 for all eight.
     sft = _sft(fresh_model, root / "uniform.jsonl", root / "sft", max_steps=60, lr=5e-3, save_every=0)
     return root / "world", tasks, sft["final"]
 
