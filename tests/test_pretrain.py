@@ -143,6 +143,59 @@ def test_video_answer_rounds_are_an_episode_last_turn_true_of_their_frames() -> 
         assert all(w0 <= t <= w1 for t in r.observation.data["timestamps"])
 
 
+def test_grounding_turns_copy_frame_times_the_frames_bear_out() -> None:
+    """Every call of a grounding round looks between a frame without the colour and one with it (or looks at
+    the whole video first); the answer's times are the first frame of the colour and the first after it, and
+    the truth lies within the oracle's tolerance of them."""
+    from mmagent.eval.synth.oracle import BOUNDARY_TOLERANCE_S
+
+    rng = np.random.default_rng(31)
+    turns_seen = set()
+    for _ in range(8):
+        r = make_round("grounding_turn", rng)
+        colour = re.search(r"screen (\w+)\?", r.text).group(1)
+        exchanges = [*r.history, (r.call, r.observation)]
+        assert len(exchanges) == r.meta["turn"] and r.meta["turn"] < r.meta["turns"]
+        turns_seen.add(r.meta["turn"])
+        first = json.loads(exchanges[0][0].split("<tool_call>")[1].split("</tool_call>")[0])["arguments"]
+        assert first["start"] == 0.0 and f"{first['end']:g} s long" in r.text
+        seen = {round(t, 2): frame_colour(im) == colour for _, obs in exchanges
+                for t, im in zip(obs.data["timestamps"], obs.images)}
+        assert any(seen.values())
+        ends = {0.0: False, first["end"]: False}  # a boundary before the first frame or after the last seen
+        for call, _ in exchanges[1:]:  # each refining call brackets a boundary between two frames it saw
+            args = json.loads(call.split("<tool_call>")[1].split("</tool_call>")[0])["arguments"]
+            a, b = ({**ends, **seen}.get(args[k]) for k in ("start", "end"))
+            assert a is not None and b is not None and a != b, args
+        if "<answer>" in r.answer:
+            start, end = json.loads(r.answer.split("<answer>")[1].split("</answer>")[0])
+            assert seen[start] and not seen[end]
+            assert abs(start - r.meta["truth"][0]) <= BOUNDARY_TOLERANCE_S
+            assert abs(end - r.meta["truth"][1]) <= BOUNDARY_TOLERANCE_S
+        else:
+            assert parse_turn(r.answer).action.name == "resample_frames"
+    assert len(turns_seen) >= 3
+
+
+def test_grounding_turns_are_the_oracle_episode_on_the_real_tool(tmp_path: Path) -> None:
+    """The drill's turns are what the oracle writes on the same video through the real agent loop and
+    ``resample_frames`` (the drill draws the frames, the episode decodes them from the written mp4)."""
+    from mmagent.eval.benchmarks import synth
+    from mmagent.eval.synth.drills import grounding_exchanges
+    from mmagent.eval.synth.families import grounding_timeline, item_rng, make_item
+
+    for index in range(3):  # easy, medium, hard
+        task = make_item("grounding", index, 3, tmp_path)
+        task.video = str(tmp_path / task.video)
+        episode = synth.oracle_agent().run_batch([task], progress=False)[0]
+        timeline = grounding_timeline(CFG, item_rng(3, "grounding", index), task.metadata["difficulty"])
+        assert timeline.truth == task.answer and timeline.question == task.question
+        exchanges, last = grounding_exchanges(timeline, CFG)
+        assert [c for c, _ in exchanges] + [last] == [t.text for t in episode.turns if t.role == "assistant"]
+        assert [o.data["timestamps"] for _, o in exchanges] == [t.observation.data["timestamps"]
+                                                                for t in episode.turns if t.role == "tool"]
+
+
 def test_choose_holds_the_value_against_each_option_until_it_matches() -> None:
     from mmagent.eval.synth.oracle import choose
 

@@ -150,7 +150,9 @@ def letter_world(fresh_model: Path, tmp_path_factory: pytest.TempPathFactory) ->
                                       chooser=ReplayChooser(lambda s, turn: f"<answer>{next(letters)}</answer>"
                                                             if turn == 0 else None))
     agent = Agent(forced, tools=["resample_frames"], budgets=Budgets(max_turns=2))
-    save_jsonl(agent.run_batch([t for t in tasks for _ in range(8)], progress=False), root / "uniform.jsonl")
+    # sorted: which episode gets which letter depends on the order the batch starts its episodes
+    episodes = sorted(agent.run_batch([t for t in tasks for _ in range(8)], progress=False), key=lambda t: t.answer)
+    save_jsonl(episodes, root / "uniform.jsonl")
     # 60 steps at 5e-3: at 40 steps and 1e-2, one SFT seed in eight ended unconverged (loss 0.81 against ~0.55,
     # 35 of 64 answers missing or malformed) and RL then failed from it; 60 at 5e-3 ended at 0.48-0.53 for all eight.
     sft = _sft(fresh_model, root / "uniform.jsonl", root / "sft", max_steps=60, lr=5e-3, save_every=0)
@@ -161,19 +163,23 @@ def letter_world(fresh_model: Path, tmp_path_factory: pytest.TempPathFactory) ->
 def test_a_few_rl_steps_raise_the_reward(letter_world: tuple, tmp_path: Path) -> None:
     """SFT taught the format with every letter about equally likely; RL (DGRPO) must find the right one.
 
-    Margins from measurement (success on 64 samples, standard error near 0.03 at 0.8): a CI machine ended 24
-    steps at 0.69 from a weaker SFT start, so the run is 40 steps; over 8 SFT seeds x 2 RL seeds of this
-    fixture, 24 steps ended at 0.92-1.0 and 40 steps at 0.97-1.0, so 0.8 is about six standard errors below."""
+    Settings and margin from measurement (success on 64 samples at temperature 1; this fixture, SFT data
+    order fixed, 1 thread): at rate 2e-3 for 40 steps, 2 of 16 runs (2 SFT seeds x 8 RL seeds) fell into an
+    absorbing failure: one update taught the policy to write "<answer>C<answer>C..." without the
+    closing tag, every rollout then scored alike, so no group had an advantage and nothing changed again (a CI
+    machine ended at 0.0 so). At 1e-3, 32 runs of 40 steps (4 x 8) ended at 0.875-1.0, none collapsed, and 16
+    runs of 60 steps (2 other SFT seeds x 8) at 0.94-1.0: so 60 steps at 1e-3, with 0.8 more than four standard
+    errors below the lowest."""
     world, tasks, model = letter_world
     before = _success_rate(model, tasks, samples=64, seed=11)
-    cfg = RLConfig(model=model, data=str(world), output_dir=str(tmp_path / "rl"), steps=40,
-                   prompts_per_step=1, group_size=8, lr=2e-3, max_new_tokens=12, max_turns=2,
+    cfg = RLConfig(model=model, data=str(world), output_dir=str(tmp_path / "rl"), steps=60,
+                   prompts_per_step=1, group_size=8, lr=1e-3, max_new_tokens=12, max_turns=2,
                    tools=["resample_frames"], device="cpu", save_every=8, freeze_vision=False)
     summary = train_rl(cfg, progress=False)
     after = _success_rate(summary["final"], tasks, samples=64, seed=11)
     assert 0.05 <= before <= 0.6 and after >= max(0.8, before + 0.3), (before, after)
     rows = summary["history"]
-    assert len(rows) == 40 and all(r["episodes_trained"] in (0, 8) for r in rows)
+    assert len(rows) == 60 and all(r["episodes_trained"] in (0, 8) for r in rows)
     assert sum(r["episodes_trained"] for r in rows) > 0
     assert (tmp_path / "rl" / "checkpoints" / "step-000008").is_dir()
 

@@ -257,3 +257,15 @@ def test_sft_loss_and_token_logprobs() -> None:
     lp = token_logprobs(logits, targets)
     assert lp[0, :2].tolist() == pytest.approx([-math.log(4)] * 2)
     assert float(lp[0, 2]) < -90
+
+
+def test_a_run_is_stalled_after_steps_with_no_success_and_no_advantage() -> None:
+    from mmagent.training.rl import STALL_STEPS, stalled
+
+    stuck = {"success": 0.0, "zero_variance_groups": 1.0}
+    learning = {"success": 0.0, "zero_variance_groups": 0.5}  # some group still has rollouts that differ
+    solved = {"success": 1.0, "zero_variance_groups": 1.0}  # alike because every rollout is right
+    assert stalled([learning] + [stuck] * STALL_STEPS)
+    assert not stalled([stuck] * (STALL_STEPS - 1))
+    assert not stalled([stuck] * (STALL_STEPS - 1) + [learning])
+    assert not stalled([solved] * (STALL_STEPS + 3))

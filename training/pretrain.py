@@ -91,11 +91,14 @@ def system_prompt(tools: bool = False) -> str:
 def round_view(policy: HFPolicy, r: Round) -> View:
     """What the policy is shown before it writes ``r.answer``, rendered as in an episode."""
     renderer = policy.renderer
-    if r.observation is not None and r.call:  # a later turn: the question, the agent's call, what it returned
+    if r.observation is not None and r.call:  # a later turn: the question, then each call and what it returned
         asked = renderer.request([Message("user", [Part(text=r.text)])], continues=True)
-        shown = renderer.observation(r.observation)
-        return View(asked.messages + [Message("assistant", [Part(text=r.call)])] + shown.messages, True,
-                    asked.visual_tokens + shown.visual_tokens, r.observation, policy.family)
+        messages, visual_tokens = list(asked.messages), asked.visual_tokens
+        for call, observation in [*r.history, (r.call, r.observation)]:
+            shown = renderer.observation(observation)
+            messages += [Message("assistant", [Part(text=call)])] + list(shown.messages)
+            visual_tokens += shown.visual_tokens
+        return View(messages, True, visual_tokens, r.observation, policy.family)
     if r.observation is not None:
         return renderer.observation(r.observation)
     parts = [Part(image=r.view, handle="image", source_size=r.view.size)] if r.view is not None else []

@@ -47,7 +47,7 @@ class RewardConfig:
     #: per tool call beyond the task type's budget
     excess_call_penalty: float = 0.05
     #: calls each task type needs (the toy world's oracle makes at most these)
-    call_budget: dict[str, int] = field(default_factory=lambda: {"video_qa": 1, "grounding": 4, "image_qa": 1,
+    call_budget: dict[str, int] = field(default_factory=lambda: {"video_qa": 1, "grounding": 5, "image_qa": 1,
                                                                  "geolocation": 2})
     #: answers longer than this score 0 on the task
     max_answer_chars: int = 1000

@@ -52,6 +52,17 @@ from mmagent.training.vllm_rollouts import ROLLOUT_BACKENDS, push_weights, resol
 
 #: tool calls per episode below which the log warns that tool use is collapsing (if the run began above it)
 TOOL_COLLAPSE_RATE = 0.1
+#: steps in a row without a success or a group to learn from after which the log warns that the run is stuck
+STALL_STEPS = 5
+
+
+def stalled(history: Sequence[dict[str, Any]], steps: int = STALL_STEPS) -> bool:
+    """True when the last ``steps`` steps had no success and every group's rollouts scored alike: no group has
+    an advantage, so no update happens and the policy stays where it is (measured on the tests' one-prompt
+    world at rate 2e-3: an update taught the policy to drop its closing tag, every rollout then failed alike,
+    and 2 runs of 16 ended at 0.0 so)."""
+    last = list(history[-steps:])
+    return len(last) == steps and all(r["success"] == 0 and r["zero_variance_groups"] == 1.0 for r in last)
 
 
 @dataclass
@@ -227,6 +238,10 @@ def train_rl(cfg: RLConfig, progress: bool = True) -> dict[str, Any]:
         if row["tool_calls_per_episode"] < TOOL_COLLAPSE_RATE <= history[0]["tool_calls_per_episode"]:
             accelerator.print(f"warning: step {step}: {row['tool_calls_per_episode']:.2f} tool calls per episode "
                               "— tool use is collapsing")
+        if stalled(history) and not stalled(history[:-1]):
+            accelerator.print(f"warning: step {step}: for {STALL_STEPS} steps no rollout succeeded and every group's "
+                              f"rollouts scored alike (format {row['format']:.2f}): with no advantage nothing is "
+                              "learned; a lower lr or a KL anchor to the start (kl_coef) keeps a run out of this")
         if cfg.save_every and step % cfg.save_every == 0 and step < cfg.steps:
             save_checkpoint(accelerator, out, step, {"step": step, "history": history,
                                                      "tracker": tracker.state_dict()})

@@ -31,7 +31,7 @@ from mmagent.trajectory import Task, Trajectory
 
 NAME = "synth"
 TASKS_FILE, CONFIG_FILE, MEDIA_DIR = "tasks.jsonl", "config.json", "media"
-#: turns an episode gets (the oracle needs at most five: four probes and the answer)
+#: turns an episode gets (the grounding oracle needs six: the whole video, two looks at each boundary, the answer)
 MAX_TURNS = 6
 
 __all__ = ["build", "load", "evaluate", "oracle_agent", "model_agent", "score_answer", "summarise", "format_table",

@@ -43,18 +43,23 @@ from PIL import Image
 
 from mmagent.eval.synth import render
 from mmagent.eval.synth.families import (EVENT_COLOURS, LABEL_PALETTE, LETTERS, PALETTE, SIGN_CHARS, SIGN_COLOUR,
-                                         SIGN_WORDS, TAG_COLOURS, SynthConfig, _IMAGE_QA_LEVELS, _mcq, city_pool,
+                                         SIGN_WORDS, TAG_COLOURS, GroundingTimeline, SynthConfig,
+                                         grounding_timeline, _IMAGE_QA_LEVELS, _mcq, city_pool,
                                          geolocation_scene, image_qa_scene, sign_cities)
-from mmagent.eval.synth.oracle import SIGN_ZOOM_SIDE, TAG_ZOOM_SIDE, _answer, _call, article, choose, zoom_box
+from mmagent.eval.synth.oracle import (SIGN_ZOOM_SIDE, TAG_ZOOM_SIDE, OracleState, _answer, _call, article, choose,
+                                       next_turn, zoom_box)
+from mmagent.protocol import ToolCall, parse_turn
 from mmagent.eval.synth.render import SHAPES
 from mmagent.toolbox.base import Observation
 from mmagent.toolbox.zoom import Zoom
 from mmagent.toolbox.frames import draw_time, window_times
+from mmagent.trajectory import Task
 
 #: the drills a mix can name (``video_answer`` shows pixels too, inside a whole question-call-frames exchange)
-KINDS = ("flash", "screen", "tag", "sign", "where", "window", "whole", "search", "option", "video_answer")
+KINDS = ("flash", "screen", "tag", "sign", "where", "window", "whole", "search", "option", "video_answer",
+         "grounding_turn")
 #: kinds that show pixels (the perception drills); the rest are text only (the language drills)
-PERCEPTION = ("flash", "screen", "tag", "sign", "where", "video_answer")
+PERCEPTION = ("flash", "screen", "tag", "sign", "where", "video_answer", "grounding_turn")
 
 
 @dataclass
@@ -71,6 +76,8 @@ class Round:
     #: for a round that is an episode's later turn: the agent's call between the question (``text``) and the
     #: ``observation``, shown as the assistant turn it was
     call: str = ""
+    #: the exchanges (call, what it returned) before ``call``, for a round that is an episode's third turn or later
+    history: list[tuple[str, Observation]] = field(default_factory=list)
 
 
 #: what each image of a perception round shows, as classes the vision pre-training names
@@ -183,6 +190,50 @@ def video_answer(rng: np.random.Generator, cfg: SynthConfig) -> Round:
     return Round("video_answer", answer, text=text, call=call,
                  observation=_frames_observation(frames, times, float(w0), float(w1)),
                  meta={"colour": colour, "shape": shape, "letter": letter})
+
+
+GROUNDING_LEVELS = ("easy", "medium", "hard")
+
+
+def grounding_exchanges(timeline: GroundingTimeline, cfg: SynthConfig
+                        ) -> tuple[list[tuple[str, Observation]], str]:
+    """The tool oracle's grounding episode on ``timeline``: each call with the labelled frames
+    ``resample_frames`` returns for it, and the last turn (the answer)."""
+    task = Task(question=timeline.question, id="drill", task_type="grounding", answer=timeline.truth,
+                metadata=timeline.metadata)
+    state = OracleState(task=task)
+    exchanges: list[tuple[str, Observation]] = []
+    while True:
+        text = next_turn(state, cfg, use_tools=True)
+        call = parse_turn(text).action
+        if not isinstance(call, ToolCall) or len(exchanges) >= 8:
+            return exchanges, text
+        start, end = float(call.arguments["start"]), float(call.arguments["end"])
+        times = [np.floor(t * cfg.fps + 1e-6) / cfg.fps
+                 for t in window_times(start, end, int(call.arguments["num_frames"]))]
+        obs = _frames_observation([timeline.draw(round(t * cfg.fps)) for t in times], times, start, end)
+        state.observations.append(obs)
+        state.shown.append(obs.images)
+        exchanges.append((text, obs))
+
+
+def grounding_turn(rng: np.random.Generator, cfg: SynthConfig) -> Round:
+    """One later turn of a grounding episode on a fresh video: the question, the tool oracle's calls so far
+    and the labelled frames each returned, then the oracle's next turn (a closer look at a boundary, or the
+    answer), the turn drawn uniformly among the episode's second and later ones.
+
+    The turns are the oracle's own (:func:`mmagent.eval.synth.oracle.next_turn`, shown the frames as the
+    ``resample_frames`` tool returns them), so this is a fresh SFT episode's turn, never an evaluation item's.
+    Why, beside ``screen`` and ``whole``: a refining call copies two frame times out of several hundred tokens
+    of earlier frames, and the answer copies them again: what ``video_answer`` showed for video QA (drilled
+    apart, the pieces did not hold in the episode's own shape)."""
+    timeline = grounding_timeline(cfg, rng, str(rng.choice(GROUNDING_LEVELS)))
+    exchanges, text = grounding_exchanges(timeline, cfg)
+    turns = [c for c, _ in exchanges] + [text]
+    k = int(rng.integers(1, len(turns)))
+    return Round("grounding_turn", turns[k], text=timeline.question, call=exchanges[k - 1][0],
+                 observation=exchanges[k - 1][1], history=exchanges[:k - 1],
+                 meta={"truth": timeline.truth, "turn": k, "turns": len(turns)})
 
 
 def frames(rng: np.random.Generator, cfg: SynthConfig) -> Round:
@@ -412,7 +463,8 @@ def option(rng: np.random.Generator, cfg: SynthConfig) -> Round:
 
 MAKERS: dict[str, Callable[[np.random.Generator, SynthConfig], Round]] = {
     "flash": flash, "screen": screen, "tag": tag, "sign": sign, "where": where, "window": window, "whole": whole,
-    "search": search, "option": option, "video_answer": video_answer, "frames": frames, "digit_glyph": digit_glyph, "glyph": glyph}
+    "search": search, "option": option, "video_answer": video_answer, "grounding_turn": grounding_turn,
+    "frames": frames, "digit_glyph": digit_glyph, "glyph": glyph}
 #: rounds whose every image carries labels (``meta["images"]``): what the vision pre-training draws
 LABELLED = ("frames", "flash", "screen", "tag", "sign", "digit_glyph", "glyph")
 

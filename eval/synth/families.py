@@ -165,13 +165,37 @@ def make_video_qa(cfg: SynthConfig, rng: np.random.Generator, item_id: str, leve
 _GROUNDING_LEVELS = {"easy": (60, (12, 20)), "medium": (90, (8, 14)), "hard": (120, (5, 9))}
 
 
-def make_grounding(cfg: SynthConfig, rng: np.random.Generator, item_id: str, level: str, media_dir: Path) -> Task:
+@dataclass
+class GroundingTimeline:
+    """A grounding video before it is written: every frame's screen colour, the asked colour's segment."""
+
+    duration: int
+    target: str
+    #: the screen colour of each frame (``duration * fps`` of them)
+    colours: np.ndarray
+    #: [start, end] of the target colour's segment, seconds
+    truth: list[float]
+    #: frame index -> the frame as drawn (a plain screen and a moving dark square)
+    draw: Callable[[int], np.ndarray]
+
+    @property
+    def question(self) -> str:
+        return (f"This video is {self.duration} s long. When is the whole screen {self.target}? Answer with the "
+                "start and end times in seconds as [start, end].")
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return {"colour": self.target, "duration": float(self.duration), "colours": sorted(set(self.colours))}
+
+
+def grounding_timeline(cfg: SynthConfig, rng: np.random.Generator, level: str) -> GroundingTimeline:
+    """Draw a grounding video of ``level`` (nothing written): the target segment covers at least one frame of
+    the first look, the rest is filler segments of 4-15 s whose neighbours differ."""
     duration, (lo, hi) = _GROUNDING_LEVELS[level]
     n_frames = duration * cfg.fps
     names = list(PALETTE)
     target = str(rng.choice(names))
     times = cfg.initial_times(duration)
-    # The segment covers at least one frame of the first look (which then brackets it).
     for _ in range(1000):
         length = int(rng.integers(lo * cfg.fps, hi * cfg.fps + 1))
         k0 = int(rng.integers(2 * cfg.fps, n_frames - length - 2 * cfg.fps))
@@ -183,7 +207,7 @@ def make_grounding(cfg: SynthConfig, rng: np.random.Generator, item_id: str, lev
     colours = np.empty(n_frames, dtype=object)
     colours[k0:k0 + length] = target
 
-    def fill(a: int, b: int) -> None:  # filler segments of 4-15 s, neighbours differ
+    def fill(a: int, b: int) -> None:
         k, prev = a, None
         while k < b:
             n = int(rng.integers(4 * cfg.fps, 15 * cfg.fps + 1))
@@ -203,12 +227,14 @@ def make_grounding(cfg: SynthConfig, rng: np.random.Generator, item_id: str, lev
         frame[s - 24:s - 8, x:x + 16] = blocker  # a moving dark square: a video, not a slideshow
         return frame
 
-    video = render.write_video(media_dir / f"{item_id}.mp4", n_frames, draw, cfg.fps)
-    truth = [k0 / cfg.fps, (k0 + length) / cfg.fps]
-    question = (f"This video is {duration} s long. When is the whole screen {target}? Answer with the start and "
-                "end times in seconds as [start, end].")
-    return Task(question=question, video=video.name, id=item_id, task_type="grounding", answer=truth,
-                metadata={"colour": target, "duration": float(duration), "colours": sorted(set(colours))})
+    return GroundingTimeline(duration, target, colours, [k0 / cfg.fps, (k0 + length) / cfg.fps], draw)
+
+
+def make_grounding(cfg: SynthConfig, rng: np.random.Generator, item_id: str, level: str, media_dir: Path) -> Task:
+    timeline = grounding_timeline(cfg, rng, level)
+    video = render.write_video(media_dir / f"{item_id}.mp4", len(timeline.colours), timeline.draw, cfg.fps)
+    return Task(question=timeline.question, video=video.name, id=item_id, task_type="grounding",
+                answer=timeline.truth, metadata=timeline.metadata)
 
 
 # ----- image detail QA ---------------------------------------------------------------------------------
