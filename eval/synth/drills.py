@@ -42,7 +42,7 @@ import numpy as np
 from PIL import Image
 
 from mmagent.eval.synth import render
-from mmagent.eval.synth.families import (EVENT_COLOURS, LABEL_PALETTE, LETTERS, PALETTE, SIGN_CHARS, SIGN_COLOUR,
+from mmagent.eval.synth.families import (EVENT_COLOURS, LABEL_PALETTE, LETTERS, LEVELS, PALETTE, SIGN_CHARS, SIGN_COLOUR,
                                          SIGN_WORDS, TAG_COLOURS, GroundingTimeline, SynthConfig,
                                          grounding_timeline, _IMAGE_QA_LEVELS, _mcq, city_pool,
                                          geolocation_scene, image_qa_scene, sign_cities)
@@ -53,7 +53,6 @@ from mmagent.eval.synth.render import SHAPES
 from mmagent.toolbox.base import Observation
 from mmagent.toolbox.zoom import Zoom
 from mmagent.toolbox.frames import draw_time, window_times
-from mmagent.trajectory import Task
 
 #: the drills a mix can name (``video_answer`` shows pixels too, inside a whole question-call-frames exchange)
 KINDS = ("flash", "screen", "tag", "sign", "where", "window", "whole", "search", "option", "video_answer",
@@ -100,13 +99,18 @@ def image_heads() -> dict[str, tuple[str, ...]]:
 FLASH_FRAMES = (1, 2, 4, 8)
 
 
+def _tool_times(cfg: SynthConfig, start: float, end: float, frames: int) -> list[float]:
+    """The times of the frames ``resample_frames`` returns for [start, end]: each window time's own frame."""
+    return [np.floor(t * cfg.fps + 1e-6) / cfg.fps for t in window_times(start, end, frames)]
+
+
 def _frame_times(rng: np.random.Generator, cfg: SynthConfig, span: tuple[float, float], frames: int | None = None
                  ) -> tuple[float, float, list[float]]:
     """A window of ``span`` seconds somewhere in a video and the frame times ``resample_frames`` returns in it."""
     length = float(rng.uniform(*span))
     start = round(float(rng.uniform(0, 180 - length)), int(rng.integers(0, 3)))
     end = round(start + length, 2)
-    times = [np.floor(t * cfg.fps + 1e-6) / cfg.fps for t in window_times(start, end, frames or cfg.probe_frames)]
+    times = _tool_times(cfg, start, end, frames or cfg.probe_frames)
     return start, end, times
 
 
@@ -174,7 +178,7 @@ def video_answer(rng: np.random.Generator, cfg: SynthConfig) -> Round:
     duration = int(rng.choice([60, 120, 180]))
     w0 = int(rng.integers(1, duration - 14))
     w1 = w0 + int(rng.integers(6, 13))
-    times = [np.floor(t * cfg.fps + 1e-6) / cfg.fps for t in window_times(float(w0), float(w1), cfg.probe_frames)]
+    times = _tool_times(cfg, float(w0), float(w1), cfg.probe_frames)
     frames, shown, shape, colour = _flashed_frames(rng, cfg, times)
     if rng.random() < 0.5:
         question = f"What colour is the shape that appears between {w0} s and {w1} s?"
@@ -192,16 +196,11 @@ def video_answer(rng: np.random.Generator, cfg: SynthConfig) -> Round:
                  meta={"colour": colour, "shape": shape, "letter": letter})
 
 
-GROUNDING_LEVELS = ("easy", "medium", "hard")
-
-
 def grounding_exchanges(timeline: GroundingTimeline, cfg: SynthConfig
                         ) -> tuple[list[tuple[str, Observation]], str]:
     """The tool oracle's grounding episode on ``timeline``: each call with the labelled frames
     ``resample_frames`` returns for it, and the last turn (the answer)."""
-    task = Task(question=timeline.question, id="drill", task_type="grounding", answer=timeline.truth,
-                metadata=timeline.metadata)
-    state = OracleState(task=task)
+    state = OracleState(task=timeline.task("drill"))
     exchanges: list[tuple[str, Observation]] = []
     while True:
         text = next_turn(state, cfg, use_tools=True)
@@ -209,8 +208,7 @@ def grounding_exchanges(timeline: GroundingTimeline, cfg: SynthConfig
         if not isinstance(call, ToolCall) or len(exchanges) >= 8:
             return exchanges, text
         start, end = float(call.arguments["start"]), float(call.arguments["end"])
-        times = [np.floor(t * cfg.fps + 1e-6) / cfg.fps
-                 for t in window_times(start, end, int(call.arguments["num_frames"]))]
+        times = _tool_times(cfg, start, end, int(call.arguments["num_frames"]))
         obs = _frames_observation([timeline.draw(round(t * cfg.fps)) for t in times], times, start, end)
         state.observations.append(obs)
         state.shown.append(obs.images)
@@ -227,7 +225,7 @@ def grounding_turn(rng: np.random.Generator, cfg: SynthConfig) -> Round:
     Why, beside ``screen`` and ``whole``: a refining call copies two frame times out of several hundred tokens
     of earlier frames, and the answer copies them again: what ``video_answer`` showed for video QA (drilled
     apart, the pieces did not hold in the episode's own shape)."""
-    timeline = grounding_timeline(cfg, rng, str(rng.choice(GROUNDING_LEVELS)))
+    timeline = grounding_timeline(cfg, rng, str(rng.choice(LEVELS)))
     exchanges, text = grounding_exchanges(timeline, cfg)
     turns = [c for c, _ in exchanges] + [text]
     k = int(rng.integers(1, len(turns)))

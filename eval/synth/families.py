@@ -183,9 +183,11 @@ class GroundingTimeline:
         return (f"This video is {self.duration} s long. When is the whole screen {self.target}? Answer with the "
                 "start and end times in seconds as [start, end].")
 
-    @property
-    def metadata(self) -> dict[str, Any]:
-        return {"colour": self.target, "duration": float(self.duration), "colours": sorted(set(self.colours))}
+    def task(self, item_id: str, video: str | None = None) -> Task:
+        """The grounding task this video asks (``video``: its file name, once written)."""
+        return Task(question=self.question, video=video, id=item_id, task_type="grounding", answer=self.truth,
+                    metadata={"colour": self.target, "duration": float(self.duration),
+                              "colours": sorted(set(self.colours))})
 
 
 def grounding_timeline(cfg: SynthConfig, rng: np.random.Generator, level: str) -> GroundingTimeline:
@@ -233,8 +235,7 @@ def grounding_timeline(cfg: SynthConfig, rng: np.random.Generator, level: str) -
 def make_grounding(cfg: SynthConfig, rng: np.random.Generator, item_id: str, level: str, media_dir: Path) -> Task:
     timeline = grounding_timeline(cfg, rng, level)
     video = render.write_video(media_dir / f"{item_id}.mp4", len(timeline.colours), timeline.draw, cfg.fps)
-    return Task(question=timeline.question, video=video.name, id=item_id, task_type="grounding",
-                answer=timeline.truth, metadata=timeline.metadata)
+    return timeline.task(item_id, video.name)
 
 
 # ----- image detail QA ---------------------------------------------------------------------------------
