@@ -177,6 +177,31 @@ def test_grounding_turns_copy_frame_times_the_frames_bear_out() -> None:
     assert len(turns_seen) >= 3
 
 
+def test_every_number_of_a_grounding_turn_is_in_the_last_look_or_the_turn_before() -> None:
+    """The oracle's grounding thinks carry both boundaries forward, so no number is copied from an observation
+    several turns back: each time a turn writes is a label of the frames just returned, the same number in
+    the turn before, or the video's own ends; the answer repeats its think's two times."""
+    from mmagent.eval.synth.drills import grounding_exchanges
+    from mmagent.eval.synth.families import grounding_timeline
+
+    rng = np.random.default_rng(5)
+    for k in range(12):
+        timeline = grounding_timeline(CFG, rng, ("easy", "medium", "hard")[k % 3])
+        exchanges, last = grounding_exchanges(timeline, CFG)
+        assert len(exchanges) >= 3 and "<answer>" in last
+        turns = [c for c, _ in exchanges] + [last]
+        duration = float(re.search(r"is (\d+) s long", timeline.question).group(1))
+        for t in range(1, len(turns)):
+            numbers = [float(x) for x in re.findall(r"(\d+\.\d\d)s", turns[t].split("</think>")[0])]
+            assert len(numbers) in (2, 3, 4)
+            shown = {round(x, 2) for x in exchanges[t - 1][1].data["timestamps"]}
+            before = {float(x) for x in re.findall(r"(\d+\.\d\d)s", turns[t - 1])}
+            for x in numbers:
+                assert x in shown | before | {0.0, duration}, (x, turns[t])
+        answer = json.loads(last.split("<answer>")[1].split("</answer>")[0])
+        assert [f"{x:.2f}" for x in answer] == re.findall(r"(\d+\.\d\d)s", last.split("</think>")[0])
+
+
 def test_grounding_turns_are_the_oracle_episode_on_the_real_tool(tmp_path: Path) -> None:
     """The drill's turns are what the oracle writes on the same video through the real agent loop and
     ``resample_frames`` (the drill draws the frames, the episode decodes them from the written mp4)."""

@@ -222,9 +222,10 @@ def grounding_turn(rng: np.random.Generator, cfg: SynthConfig) -> Round:
 
     The turns are the oracle's own (:func:`mmagent.eval.synth.oracle.next_turn`, shown the frames as the
     ``resample_frames`` tool returns them), so this is a fresh SFT episode's turn, never an evaluation item's.
-    Why, beside ``screen`` and ``whole``: a refining call copies two frame times out of several hundred tokens
-    of earlier frames, and the answer copies them again: what ``video_answer`` showed for video QA (drilled
-    apart, the pieces did not hold in the episode's own shape)."""
+    Why, beside ``screen`` and ``whole``: a turn copies frame times out of the frames just returned (and the
+    rest of what it knows of the boundaries from the turn before, :func:`mmagent.eval.synth.oracle.grounding_state`)
+    with several hundred tokens of earlier frames in between: what ``video_answer`` showed for video QA
+    (drilled apart, the pieces did not hold in the episode's own shape)."""
     timeline = grounding_timeline(cfg, rng, str(rng.choice(LEVELS)))
     exchanges, text = grounding_exchanges(timeline, cfg)
     turns = [c for c, _ in exchanges] + [text]

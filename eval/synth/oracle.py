@@ -56,6 +56,8 @@ class OracleState:
     source_size: tuple[int, int] | None = None
     observations: list[Observation] = field(default_factory=list)
     shown: list[list[Image.Image]] = field(default_factory=list)  # each observation's images as fitted
+    #: the colour read off each frame of observation k, read once (every later turn looks at them all again)
+    frame_colours: dict[int, list[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -193,16 +195,22 @@ def _grounding_brackets(samples: list[tuple[float, bool]], fps: float, duration:
 
 def _hits(state: OracleState, index: int, colour: str) -> list[tuple[float, bool]]:
     """(time, shows ``colour``) of each frame of observation ``index``, as its label writes the time."""
-    names = state.task.metadata["colours"]
+    if index not in state.frame_colours:
+        state.frame_colours[index] = [frame_colour(im, state.task.metadata["colours"]) for im in state.shown[index]]
     times = state.observations[index].data.get("timestamps", [])
-    return [(round(t, 2), frame_colour(im, names) == colour) for t, im in zip(times, state.shown[index])]
+    return [(round(t, 2), seen == colour) for t, seen in zip(times, state.frame_colours[index])]
 
 
 def _grounding(state: OracleState, cfg: SynthConfig, use_tools: bool) -> str:
     """With tools: look at the whole video with labelled frames, then between the last frame before the colour
     and the first frame of it until they are at most :data:`BOUNDARY_TOLERANCE_S` apart, the same at the end,
     and answer from the first frame of the colour to the first frame after it. Every number the plan writes
-    is a frame time a tool printed (copying, not arithmetic: a tiny policy can learn it)."""
+    is a frame time a tool printed (copying, not arithmetic: a tiny policy can learn it).
+
+    Every think after the first look states both boundaries as known so far (:func:`grounding_state`), so each
+    number is copied from the observation just returned or from the same place in the turn before, never from
+    an observation several turns back: the answer's start is found in the third look but written in the sixth
+    turn."""
     task = state.task
     colour = task.metadata["colour"]
     duration = float(task.metadata["duration"])
@@ -225,14 +233,27 @@ def _grounding(state: OracleState, cfg: SynthConfig, use_tools: bool) -> str:
     first, last = hits[0], hits[-1]
     before = max((t for t, on in samples if not on and t < first), default=0.0)
     after = min((t for t, on in samples if not on and t > last), default=duration)
+    known = grounding_state(colour, (before, first), (last, after))
     if first - before > BOUNDARY_TOLERANCE_S:
-        return _call(f"The screen turns {colour} between {before:.2f}s and {first:.2f}s. I will look closer there.",
-                     "resample_frames", {"start": before, "end": first, "num_frames": cfg.probe_frames})
+        return _call(f"{known} I look closer at the start.", "resample_frames",
+                     {"start": before, "end": first, "num_frames": cfg.probe_frames})
     if after - last > BOUNDARY_TOLERANCE_S:
-        return _call(f"The screen stops being {colour} between {last:.2f}s and {after:.2f}s. I will look closer "
-                     "there.", "resample_frames", {"start": last, "end": after, "num_frames": cfg.probe_frames})
-    return _answer(f"The screen turns {colour} at {first:.2f}s and is no longer {colour} at {after:.2f}s.",
-                   f"[{first:.2f}, {after:.2f}]")
+        return _call(f"{known} I look closer at the end.", "resample_frames",
+                     {"start": last, "end": after, "num_frames": cfg.probe_frames})
+    return _answer(known, f"[{first:.2f}, {after:.2f}]")
+
+
+def grounding_state(colour: str, start: tuple[float, float], end: tuple[float, float]) -> str:
+    """What a grounding episode knows of both boundaries: ``start`` = (last frame before the colour, first
+    frame of it), ``end`` = (last frame of it, first frame after it); a boundary bracketed within
+    :data:`BOUNDARY_TOLERANCE_S` is written as the one time the answer takes (the first frame of the colour,
+    the first frame after it)."""
+    (before, first), (last, after) = start, end
+    head = (f"starts at {first:.2f}s" if first - before <= BOUNDARY_TOLERANCE_S
+            else f"starts between {before:.2f}s and {first:.2f}s")
+    tail = (f"is gone at {after:.2f}s" if after - last <= BOUNDARY_TOLERANCE_S
+            else f"ends between {last:.2f}s and {after:.2f}s")
+    return f"The {colour} screen {head} and {tail}."
 
 
 def zoom_box(box: Sequence[int], source_size: tuple[int, int], view_size: tuple[int, int], side: int) -> list[int]:
