@@ -1,8 +1,9 @@
 """The toy-world recipe: from nothing to a tool-using policy on CPU, with every comparison the method needs.
 
-Run it with ``python -m mmagent.training.recipes.toy_world runs/toy`` (about half an hour on 2 CPU cores; add
-``--install`` to make the SFT+DGRPO result mmagent's built-in default model). Stages,
-each skipped when its result is already in the output folder (so a killed run continues where it stopped):
+Run it with ``python -m mmagent.training.recipes.toy_world runs/toy`` (its last run took about 2 hours on 2
+shared CPU cores, against a 30-minute target; README); add ``--install`` to make the SFT+DGRPO result mmagent's
+built-in default model. Stages, each skipped when its result is already in the output folder (so a killed run
+continues where it stopped):
 
 1. data — a training world (seed 0) and a held-out test world (seed 1) from :mod:`mmagent.eval.benchmarks.synth`;
    the tool oracle's episodes on the training world are the SFT data, the no-tool oracle's the baseline's;
