@@ -210,8 +210,7 @@ def grounding_exchanges(timeline: GroundingTimeline, cfg: SynthConfig
         start, end = float(call.arguments["start"]), float(call.arguments["end"])
         times = _tool_times(cfg, start, end, int(call.arguments["num_frames"]))
         obs = _frames_observation([timeline.draw(round(t * cfg.fps)) for t in times], times, start, end)
-        state.observations.append(obs)
-        state.shown.append(obs.images)
+        state.see(obs, obs.images)
         exchanges.append((text, obs))
 
 

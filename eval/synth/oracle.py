@@ -59,6 +59,11 @@ class OracleState:
     #: the colour read off each frame of observation k, read once (every later turn looks at them all again)
     frame_colours: dict[int, list[str]] = field(default_factory=dict)
 
+    def see(self, observation: Observation, images: list[Image.Image]) -> None:
+        """Record what a tool returned: its observation and its images as the policy was shown them."""
+        self.observations.append(observation)
+        self.shown.append(images)
+
 
 @dataclass
 class OracleSession(Session):
@@ -92,8 +97,7 @@ class OraclePolicy(Policy):
                            truncated=False, prefill_tokens=0) for s in sessions]
 
     def observe(self, session: OracleSession, view: View) -> int:
-        session.state.observations.append(view.observation)
-        session.state.shown.append(view.images)
+        session.state.see(view.observation, view.images)
         return 0
 
 
