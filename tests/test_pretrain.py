@@ -177,13 +177,19 @@ def test_grounding_turns_copy_frame_times_the_frames_bear_out() -> None:
     assert len(turns_seen) >= 3
 
 
-def test_every_number_of_a_grounding_turn_is_in_the_last_look_or_the_turn_before() -> None:
-    """The oracle's grounding thinks carry both boundaries forward, so no number is copied from an observation
-    several turns back: each time a turn writes is a label of the frames just returned, the same number in
-    the turn before, or the video's own ends; the answer repeats its think's two times."""
+def test_every_number_of_a_grounding_turn_is_in_the_last_look_or_the_turn_before(tiny_model_dir: Path) -> None:
+    """The oracle's grounding thinks first name every frame just returned (its colour and label, in order), then
+    carry both boundaries forward, so no number is copied from an observation several turns back: each
+    boundary time is a label of the frames just returned, the same number in the turn before, or the video's
+    own ends; the answer repeats its think's last two times. No look returns the same frame twice."""
     from mmagent.eval.synth.drills import grounding_exchanges
     from mmagent.eval.synth.families import grounding_timeline
 
+    from transformers import AutoTokenizer
+
+    from mmagent.training.recipes.toy_world import RecipeSizes
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     rng = np.random.default_rng(5)
     for k in range(12):
         timeline = grounding_timeline(CFG, rng, ("easy", "medium", "hard")[k % 3])
@@ -191,15 +197,24 @@ def test_every_number_of_a_grounding_turn_is_in_the_last_look_or_the_turn_before
         assert len(exchanges) >= 3 and "<answer>" in last
         turns = [c for c, _ in exchanges] + [last]
         duration = float(re.search(r"is (\d+) s long", timeline.question).group(1))
+        for _, look in exchanges:  # a closer look never returns one frame twice (closer_frames)
+            assert len(set(look.data["timestamps"])) == len(look.data["timestamps"])
         for t in range(1, len(turns)):
-            numbers = [float(x) for x in re.findall(r"(\d+\.\d\d)s", turns[t].split("</think>")[0])]
+            described, known = turns[t].split("</think>")[0].split(". The ", 1)
+            # first every frame just returned, named with its label, in order; then the boundaries
+            labels = [f"{x:.2f}" for x in exchanges[t - 1][1].data["timestamps"]]
+            assert re.findall(r"(\d+\.\d\d)s", described) == labels
+            numbers = [float(x) for x in re.findall(r"(\d+\.\d\d)s", known)]
             assert len(numbers) in (2, 3, 4)
             shown = {round(x, 2) for x in exchanges[t - 1][1].data["timestamps"]}
             before = {float(x) for x in re.findall(r"(\d+\.\d\d)s", turns[t - 1])}
             for x in numbers:
                 assert x in shown | before | {0.0, duration}, (x, turns[t])
+        # the recipe's policies may write each turn whole
+        longest = max(len(tokenizer(t)["input_ids"]) for t in turns)
+        assert longest <= RecipeSizes().max_new_tokens, longest
         answer = json.loads(last.split("<answer>")[1].split("</answer>")[0])
-        assert [f"{x:.2f}" for x in answer] == re.findall(r"(\d+\.\d\d)s", last.split("</think>")[0])
+        assert [f"{x:.2f}" for x in answer] == re.findall(r"(\d+\.\d\d)s", last.split("</think>")[0].split(". The ")[1])
 
 
 def test_grounding_turns_are_the_oracle_episode_on_the_real_tool(tmp_path: Path) -> None:

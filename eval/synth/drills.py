@@ -47,7 +47,7 @@ from mmagent.eval.synth.families import (EVENT_COLOURS, LABEL_PALETTE, LETTERS, 
                                          grounding_timeline, _IMAGE_QA_LEVELS, _mcq, city_pool,
                                          geolocation_scene, image_qa_scene, sign_cities)
 from mmagent.eval.synth.oracle import (SIGN_ZOOM_SIDE, TAG_ZOOM_SIDE, OracleState, _answer, _call, article, choose,
-                                       next_turn, zoom_box)
+                                       describe_screens, next_turn, zoom_box)
 from mmagent.protocol import ToolCall, parse_turn
 from mmagent.eval.synth.render import SHAPES
 from mmagent.toolbox.base import Observation
@@ -221,8 +221,9 @@ def grounding_turn(rng: np.random.Generator, cfg: SynthConfig) -> Round:
 
     The turns are the oracle's own (:func:`mmagent.eval.synth.oracle.next_turn`, shown the frames as the
     ``resample_frames`` tool returns them), so this is a fresh SFT episode's turn, never an evaluation item's.
-    Why, beside ``screen`` and ``whole``: a turn copies frame times out of the frames just returned (and the
-    rest of what it knows of the boundaries from the turn before, :func:`mmagent.eval.synth.oracle.grounding_state`)
+    Why, beside ``screen`` and ``whole``: a turn names every frame just returned (the ``screen`` sentence,
+    :func:`mmagent.eval.synth.oracle.describe_screens`), then copies the boundaries' frame times out of those
+    words (and the rest of what it knows from the turn before, :func:`mmagent.eval.synth.oracle.grounding_state`)
     with several hundred tokens of earlier frames in between: what ``video_answer`` showed for video QA
     (drilled apart, the pieces did not hold in the episode's own shape)."""
     timeline = grounding_timeline(cfg, rng, str(rng.choice(LEVELS)))
@@ -275,7 +276,7 @@ def screen(rng: np.random.Generator, cfg: SynthConfig) -> Round:
         frames.append(frame)
         k += 1
     obs = _frames_observation(frames, times, start, end)
-    answer = "The screen is " + ", ".join(f"{c} at {t:.2f}s" for t, c in zip(times, colours)) + "."
+    answer = describe_screens(list(zip(times, colours)))
     return Round("screen", answer, observation=obs,
                  meta={"colours": colours, "images": [{"screen": c} for c in colours]})
 

@@ -197,12 +197,27 @@ def _grounding_brackets(samples: list[tuple[float, bool]], fps: float, duration:
     return start, end
 
 
-def _hits(state: OracleState, index: int, colour: str) -> list[tuple[float, bool]]:
-    """(time, shows ``colour``) of each frame of observation ``index``, as its label writes the time."""
+def _screens(state: OracleState, index: int) -> list[tuple[float, str]]:
+    """(time, screen colour) of each frame of observation ``index``, as its label writes the time."""
     if index not in state.frame_colours:
         state.frame_colours[index] = [frame_colour(im, state.task.metadata["colours"]) for im in state.shown[index]]
     times = state.observations[index].data.get("timestamps", [])
-    return [(round(t, 2), seen == colour) for t, seen in zip(times, state.frame_colours[index])]
+    return [(round(t, 2), seen) for t, seen in zip(times, state.frame_colours[index])]
+
+
+def _hits(state: OracleState, index: int, colour: str) -> list[tuple[float, bool]]:
+    """(time, shows ``colour``) of each frame of observation ``index``."""
+    return [(t, seen == colour) for t, seen in _screens(state, index)]
+
+
+def describe_screens(frames: Sequence[tuple[float, str]]) -> str:
+    """Every frame's screen colour with its time label, in order: "The screen is red at 3.75s, cyan at 11.25s."
+
+    A grounding turn writes this before it reasons about the boundaries: naming each frame is what a
+    vision tower pre-trained on screens does (the ``screen`` drill writes the same sentence), and finding the
+    asked colour in the words written is copying; finding it among eight images' tokens is a cross-modal
+    search a tiny model did not learn (README, "Grounding")."""
+    return "The screen is " + ", ".join(f"{c} at {t:.2f}s" for t, c in frames) + "."
 
 
 def _grounding(state: OracleState, cfg: SynthConfig, use_tools: bool) -> str:
@@ -211,10 +226,11 @@ def _grounding(state: OracleState, cfg: SynthConfig, use_tools: bool) -> str:
     and answer from the first frame of the colour to the first frame after it. Every number the plan writes
     is a frame time a tool printed (copying, not arithmetic: a tiny policy can learn it).
 
-    Every think after the first look states both boundaries as known so far (:func:`grounding_state`), so each
-    number is copied from the observation just returned or from the same place in the turn before, never from
-    an observation several turns back: the answer's start is found in the third look but written in the sixth
-    turn."""
+    Every think after the first look first names each frame just returned (:func:`describe_screens`), then
+    states both boundaries as known so far (:func:`grounding_state`), so each number is copied from the
+    observation just returned or from the same place in the turn before, never from an observation several
+    turns back: the answer's start is found in the third look but written in the sixth turn. A closer look
+    asks for no more frames than its window holds (:func:`closer_frames`)."""
     task = state.task
     colour = task.metadata["colour"]
     duration = float(task.metadata["duration"])
@@ -237,14 +253,23 @@ def _grounding(state: OracleState, cfg: SynthConfig, use_tools: bool) -> str:
     first, last = hits[0], hits[-1]
     before = max((t for t, on in samples if not on and t < first), default=0.0)
     after = min((t for t, on in samples if not on and t > last), default=duration)
-    known = grounding_state(colour, (before, first), (last, after))
+    known = describe_screens(_screens(state, len(state.observations) - 1)) + " " + grounding_state(
+        colour, (before, first), (last, after))
     if first - before > BOUNDARY_TOLERANCE_S:
         return _call(f"{known} I look closer at the start.", "resample_frames",
-                     {"start": before, "end": first, "num_frames": cfg.probe_frames})
+                     {"start": before, "end": first, "num_frames": closer_frames(before, first, cfg)})
     if after - last > BOUNDARY_TOLERANCE_S:
         return _call(f"{known} I look closer at the end.", "resample_frames",
-                     {"start": last, "end": after, "num_frames": cfg.probe_frames})
+                     {"start": last, "end": after, "num_frames": closer_frames(last, after, cfg)})
     return _answer(known, f"[{first:.2f}, {after:.2f}]")
+
+
+def closer_frames(start: float, end: float, cfg: SynthConfig) -> int:
+    """Frames to ask for in a closer look at [start, end]: :attr:`SynthConfig.probe_frames`, or one per video
+    frame when the window holds fewer, so no two frames returned are the same frame with the same label (a
+    look of eight over one second returned each of four frames twice, and a policy that names each frame in
+    turn lost its place among the repeated labels)."""
+    return max(1, min(cfg.probe_frames, round((end - start) * cfg.fps)))
 
 
 def grounding_state(colour: str, start: tuple[float, float], end: tuple[float, float]) -> str:

@@ -94,8 +94,8 @@ class RecipeSizes:
     rl_lr: float = 1e-4
     #: sampling temperature of the RL rollouts (at 1.0 the SFT model's episodes lose the format)
     rl_temperature: float = 0.7
-    #: new tokens per turn (the oracle's longest turn is 108)
-    max_new_tokens: int = 112
+    #: new tokens per turn (the oracle's longest turns, a grounding look's, are about 222: every frame named)
+    max_new_tokens: int = 240
     #: test items of each family that are evaluated
     eval_per_family: int = 50
     #: fresh drill rounds per kind scored after pre-training (0: skip)
