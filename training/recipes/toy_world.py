@@ -202,7 +202,7 @@ def run_recipe(out: str | Path, sizes: RecipeSizes | None = None, device: str = 
                 custom = all(m for _, m, _ in stages)
                 drilled = {"kinds": tuple(sorted({kind for _, m, _ in stages for kind in m}))} if custom else {}
                 result["drill_accuracy"] = drill_accuracy(str(folder), per_kind=sizes.drill_eval, device=device,
-                                                          **drilled)
+                                                          max_new_tokens=sizes.max_new_tokens, **drilled)
                 print(f"[{names[k]}] drill accuracy: {result['drill_accuracy']}", flush=True)
             (folder / PRETRAIN_FILE).write_text(json.dumps(result, indent=2))
         return run
