@@ -28,7 +28,8 @@ def test_rounds_are_seeded_and_every_kind_is_drawn() -> None:
         c = make_round(kind, np.random.default_rng([7, 2]))
         assert a.answer == b.answer and a.text == b.text, kind
         assert (a.answer, a.text) != (c.answer, c.text) or kind == "whole", kind
-        assert (a.observation is not None or a.view is not None) == (kind in PERCEPTION or kind == "search"), kind
+        shown = kind in PERCEPTION or kind in ("search", "grounding_text")  # tool text, no pixels, in the last two
+        assert (a.observation is not None or a.view is not None) == shown, kind
     with pytest.raises(ValueError, match="unknown drill"):
         make_round("nope", np.random.default_rng(0))
 
@@ -234,6 +235,44 @@ def test_grounding_turns_are_the_oracle_episode_on_the_real_tool(tmp_path: Path)
         assert [c for c, _ in exchanges] + [last] == [t.text for t in episode.turns if t.role == "assistant"]
         assert [o.data["timestamps"] for _, o in exchanges] == [t.observation.data["timestamps"]
                                                                 for t in episode.turns if t.role == "tool"]
+
+
+def test_grounding_text_rounds_are_the_grounding_turns_in_words() -> None:
+    """Drawn from the same generator, a ``grounding_text`` round is the ``grounding_turn`` round: the same video,
+    the same calls and the same turn to write, each look returned as words whose colours are what the pixel
+    reader sees in the frames (so the text drill teaches exactly the turns the episodes need), and no images."""
+    turns_seen = set()
+    for seed in range(10):
+        pixels = make_round("grounding_turn", np.random.default_rng([41, seed]))
+        words = make_round("grounding_text", np.random.default_rng([41, seed]))
+        assert (words.kind, pixels.kind) == ("grounding_text", "grounding_turn")
+        assert (words.answer, words.text, words.call, words.meta) == (pixels.answer, pixels.text, pixels.call, pixels.meta)
+        turns_seen.add(words.meta["turn"])
+        looks = [*pixels.history, (pixels.call, pixels.observation)]
+        written = [*words.history, (words.call, words.observation)]
+        assert [c for c, _ in written] == [c for c, _ in looks]
+        colour = re.search(r"screen (\w+)\?", words.text).group(1)
+        assert f"{colour} at" in written[0][1].text  # the first look sees the asked colour (the world's rule)
+        for (_, framed), (_, worded) in zip(looks, written):
+            assert worded.images == [] and worded.data["timestamps"] == framed.data["timestamps"]
+            named = re.findall(r"(\w+) at (\d+\.\d\d)s", worded.text)
+            assert named == [(frame_colour(im), f"{t:.2f}") for t, im in zip(framed.data["timestamps"], framed.images)]
+    assert len(turns_seen) >= 3
+
+
+def test_a_grounding_text_round_encodes_without_images(vision_model: Path) -> None:
+    from mmagent.training.common import load_policy
+    from mmagent.training.pretrain import encode_round, system_prompt
+
+    policy = load_policy(str(vision_model))
+    r = make_round("grounding_text", np.random.default_rng(6))
+    e = encode_round(policy, r, system_prompt())
+    ids = e.inputs["input_ids"][0]
+    text = policy.tokenizer.decode(ids)
+    assert "pixel_values" not in e.inputs
+    assert text.index(r.text) < text.index(r.call) < text.index(r.observation.text) < text.rindex(r.answer)
+    end = policy.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert ids[e.loss_mask.bool()].tolist() == policy.tokenizer.encode(r.answer, add_special_tokens=False) + [end]
 
 
 def test_choose_holds_the_value_against_each_option_until_it_matches() -> None:

@@ -20,6 +20,9 @@ evaluation items):
   hemisphere letters to signs) into an answer, pick the option letter that names what was seen (written
   as the oracle's final turn writes it, :func:`mmagent.eval.synth.oracle.choose`: what was seen held
   against each option until one matches).
+* ``video_answer`` / ``grounding_turn`` — an episode's later turn whole: the question, the oracle's calls and
+  the labelled frames each returned, then its next turn; ``grounding_text`` is ``grounding_turn`` with every
+  look returned as words (each frame's colour and time) instead of frames: the boundary decision alone.
 
 Perception rounds also say what each image shows (``meta["images"]``, classes from :func:`image_heads`) for
 the vision pre-training (:mod:`mmagent.training.vision_pretrain`), which also draws ``frames`` rounds (eight
@@ -56,7 +59,7 @@ from mmagent.toolbox.frames import draw_time, window_times
 
 #: the drills a mix can name (``video_answer`` shows pixels too, inside a whole question-call-frames exchange)
 KINDS = ("flash", "screen", "tag", "sign", "where", "window", "whole", "search", "option", "video_answer",
-         "grounding_turn")
+         "grounding_turn", "grounding_text")
 #: kinds that show pixels (the perception drills); the rest are text only (the language drills)
 PERCEPTION = ("flash", "screen", "tag", "sign", "where", "video_answer", "grounding_turn")
 
@@ -196,10 +199,12 @@ def video_answer(rng: np.random.Generator, cfg: SynthConfig) -> Round:
                  meta={"colour": colour, "shape": shape, "letter": letter})
 
 
-def grounding_exchanges(timeline: GroundingTimeline, cfg: SynthConfig
+def grounding_exchanges(timeline: GroundingTimeline, cfg: SynthConfig, in_words: bool = False
                         ) -> tuple[list[tuple[str, Observation]], str]:
     """The tool oracle's grounding episode on ``timeline``: each call with the labelled frames
-    ``resample_frames`` returns for it, and the last turn (the answer)."""
+    ``resample_frames`` returns for it, and the last turn (the answer). ``in_words``: each look is returned as
+    words instead of frames (:func:`_words_observation`; nothing is drawn), the oracle reading each frame's
+    colour off the timeline where it would read it off the pixels: the same turns, in words."""
     state = OracleState(task=timeline.task("drill"))
     exchanges: list[tuple[str, Observation]] = []
     while True:
@@ -209,9 +214,33 @@ def grounding_exchanges(timeline: GroundingTimeline, cfg: SynthConfig
             return exchanges, text
         start, end = float(call.arguments["start"]), float(call.arguments["end"])
         times = _tool_times(cfg, start, end, int(call.arguments["num_frames"]))
-        obs = _frames_observation([timeline.draw(round(t * cfg.fps)) for t in times], times, start, end)
-        state.see(obs, obs.images)
+        if in_words:
+            colours = [str(timeline.colours[round(t * cfg.fps)]) for t in times]
+            obs = _words_observation(times, colours, start, end)
+            state.see(obs, [])
+            state.frame_colours[len(state.observations) - 1] = colours
+        else:
+            obs = _frames_observation([timeline.draw(round(t * cfg.fps)) for t in times], times, start, end)
+            state.see(obs, obs.images)
         exchanges.append((text, obs))
+
+
+def _words_observation(times: Sequence[float], colours: Sequence[str], start: float, end: float) -> Observation:
+    """A look as words: the tool's own text, then each frame's screen colour with its time label as a grounding
+    think names them (:func:`mmagent.eval.synth.oracle.describe_screens`); no images."""
+    text = (f"Video clip from {start:.2f} to {end:.2f} seconds: {len(times)} frames, in words. "
+            + describe_screens([(round(t, 2), c) for t, c in zip(times, colours)]))
+    return Observation(text=text, data={"timestamps": list(times)})
+
+
+def _grounding_round(kind: str, rng: np.random.Generator, cfg: SynthConfig, in_words: bool) -> Round:
+    timeline = grounding_timeline(cfg, rng, str(rng.choice(LEVELS)))
+    exchanges, text = grounding_exchanges(timeline, cfg, in_words=in_words)
+    turns = [c for c, _ in exchanges] + [text]
+    k = int(rng.integers(1, len(turns)))
+    return Round(kind, turns[k], text=timeline.question, call=exchanges[k - 1][0],
+                 observation=exchanges[k - 1][1], history=exchanges[:k - 1],
+                 meta={"truth": timeline.truth, "turn": k, "turns": len(turns)})
 
 
 def grounding_turn(rng: np.random.Generator, cfg: SynthConfig) -> Round:
@@ -226,13 +255,16 @@ def grounding_turn(rng: np.random.Generator, cfg: SynthConfig) -> Round:
     words (and the rest of what it knows from the turn before, :func:`mmagent.eval.synth.oracle.grounding_state`)
     with several hundred tokens of earlier frames in between: what ``video_answer`` showed for video QA
     (drilled apart, the pieces did not hold in the episode's own shape)."""
-    timeline = grounding_timeline(cfg, rng, str(rng.choice(LEVELS)))
-    exchanges, text = grounding_exchanges(timeline, cfg)
-    turns = [c for c, _ in exchanges] + [text]
-    k = int(rng.integers(1, len(turns)))
-    return Round("grounding_turn", turns[k], text=timeline.question, call=exchanges[k - 1][0],
-                 observation=exchanges[k - 1][1], history=exchanges[:k - 1],
-                 meta={"truth": timeline.truth, "turn": k, "turns": len(turns)})
+    return _grounding_round("grounding_turn", rng, cfg, in_words=False)
+
+
+def grounding_text(rng: np.random.Generator, cfg: SynthConfig) -> Round:
+    """:func:`grounding_turn` with every look returned as words (each frame's colour and time label) instead of
+    frames: the same turn to write, about a fifth of the tokens, no pixels. What it isolates is the boundary
+    decision, which ``grounding_turn`` left unlearned in 200 steps (README, "Grounding"): the frame list is
+    copied from the words, and where the asked colour comes and goes must be found in it and carried forward
+    from the turn before."""
+    return _grounding_round("grounding_text", rng, cfg, in_words=True)
 
 
 def frames(rng: np.random.Generator, cfg: SynthConfig) -> Round:
@@ -463,7 +495,7 @@ def option(rng: np.random.Generator, cfg: SynthConfig) -> Round:
 MAKERS: dict[str, Callable[[np.random.Generator, SynthConfig], Round]] = {
     "flash": flash, "screen": screen, "tag": tag, "sign": sign, "where": where, "window": window, "whole": whole,
     "search": search, "option": option, "video_answer": video_answer, "grounding_turn": grounding_turn,
-    "frames": frames, "digit_glyph": digit_glyph, "glyph": glyph}
+    "grounding_text": grounding_text, "frames": frames, "digit_glyph": digit_glyph, "glyph": glyph}
 #: rounds whose every image carries labels (``meta["images"]``): what the vision pre-training draws
 LABELLED = ("frames", "flash", "screen", "tag", "sign", "digit_glyph", "glyph")
 
