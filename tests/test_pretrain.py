@@ -260,21 +260,6 @@ def test_grounding_text_rounds_are_the_grounding_turns_in_words() -> None:
     assert len(turns_seen) >= 3
 
 
-def test_a_grounding_text_round_encodes_without_images(vision_model: Path) -> None:
-    from mmagent.training.common import load_policy
-    from mmagent.training.pretrain import encode_round, system_prompt
-
-    policy = load_policy(str(vision_model))
-    r = make_round("grounding_text", np.random.default_rng(6))
-    e = encode_round(policy, r, system_prompt())
-    ids = e.inputs["input_ids"][0]
-    text = policy.tokenizer.decode(ids)
-    assert "pixel_values" not in e.inputs
-    assert text.index(r.text) < text.index(r.call) < text.index(r.observation.text) < text.rindex(r.answer)
-    end = policy.tokenizer.convert_tokens_to_ids("<|im_end|>")
-    assert ids[e.loss_mask.bool()].tolist() == policy.tokenizer.encode(r.answer, add_special_tokens=False) + [end]
-
-
 def test_choose_holds_the_value_against_each_option_until_it_matches() -> None:
     from mmagent.eval.synth.oracle import choose
 
@@ -323,21 +308,30 @@ def test_rounds_encode_as_episodes_with_loss_on_the_answers_only(vision_model: P
             assert torch.allclose(batched[row, :e.num_tokens], alone, atol=1e-4)
 
 
-def test_a_later_turn_round_shows_question_call_and_frames_and_trains_on_the_answer_only(vision_model: Path) -> None:
+@pytest.mark.parametrize("kind, seed, images", [("video_answer", 5, CFG.probe_frames), ("grounding_text", 6, 0)])
+def test_a_later_turn_round_shows_question_call_and_look_and_trains_on_the_answer_only(
+        vision_model: Path, kind: str, seed: int, images: int) -> None:
+    """A later turn's round renders as the episode: the question, the call as the assistant's turn, what the tool
+    returned (frames, or for ``grounding_text`` the look in words and no images), then the answer, the only
+    tokens with loss."""
     from mmagent.training.common import load_policy
     from mmagent.training.pretrain import encode_round, system_prompt
 
     policy = load_policy(str(vision_model))
-    r = make_round("video_answer", np.random.default_rng(5))
+    r = make_round(kind, np.random.default_rng(seed))
     e = encode_round(policy, r, system_prompt())
     ids = e.inputs["input_ids"][0]
     text = policy.tokenizer.decode(ids)
-    asked, called, shown = text.index(r.text), text.index(r.call), text.index("<tool_response>")
-    assert asked < called < shown < text.index(r.answer)  # the episode's order
+    asked, called = text.index(r.text), text.index(r.call)
+    shown = text.index("<tool_response>", called)
+    assert asked < called < shown < text.rindex(r.answer)  # the episode's order
     assert text[:called].rstrip().endswith("<|im_start|>assistant")  # the call is the assistant's turn
     end = policy.tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert ids[e.loss_mask.bool()].tolist() == policy.tokenizer.encode(r.answer, add_special_tokens=False) + [end]
-    assert int(e.inputs["image_grid_thw"].shape[0]) == CFG.probe_frames
+    if images:
+        assert int(e.inputs["image_grid_thw"].shape[0]) == images
+    else:
+        assert "pixel_values" not in e.inputs and shown < text.index(r.observation.text) < text.rindex(r.answer)
 
 
 def test_length_groups_give_the_gradients_of_one_padded_batch(vision_model: Path) -> None:
