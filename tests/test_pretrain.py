@@ -179,10 +179,12 @@ def test_grounding_turns_copy_frame_times_the_frames_bear_out() -> None:
 
 
 def test_every_number_of_a_grounding_turn_is_in_the_last_look_or_the_turn_before(tiny_model_dir: Path) -> None:
-    """The oracle's grounding thinks first name every frame just returned (its colour and label, in order), then
-    carry both boundaries forward, so no number is copied from an observation several turns back: each
-    boundary time is a label of the frames just returned, the same number in the turn before, or the video's
-    own ends; the answer repeats its think's last two times. No look returns the same frame twice."""
+    """The oracle's grounding thinks first name every frame just returned (its colour and label, in order), each
+    held against the asked colour ("red at 22.50s vs cyan: no"), with each boundary written at the frames where
+    the colour comes or goes, then carry both boundaries forward, so no number is copied from an observation
+    several turns back: each boundary of the summary is written beside the frames that show it in this turn or
+    is the same bracket as in the turn before; the answer repeats its think's last two times. No look returns
+    the same frame twice."""
     from mmagent.eval.synth.drills import grounding_exchanges
     from mmagent.eval.synth.families import grounding_timeline
 
@@ -192,30 +194,54 @@ def test_every_number_of_a_grounding_turn_is_in_the_last_look_or_the_turn_before
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     rng = np.random.default_rng(5)
+    entry = re.compile(r"(\w+) at (\d+\.\d\d)s vs (\w+): (yes|no)((?: \((?:starts|ends) between [\d.]+s and [\d.]+s\))*)")
+    mark = re.compile(r"\((starts|ends) between (\d+\.\d\d)s and (\d+\.\d\d)s\)")
+    marked_in_look = 0
     for k in range(12):
         timeline = grounding_timeline(CFG, rng, ("easy", "medium", "hard")[k % 3])
-        exchanges, last = grounding_exchanges(timeline, CFG)
+        exchanges, last = grounding_exchanges(timeline, CFG, in_words=k % 2 == 1)
         assert len(exchanges) >= 3 and "<answer>" in last
         turns = [c for c, _ in exchanges] + [last]
         duration = float(re.search(r"is (\d+) s long", timeline.question).group(1))
+        colour = timeline.question.split("screen ")[1].split("?")[0]
+        seen = {0.0: False, duration: False}  # the video's ends: a boundary before the first frame seen or after the last
+        previous: dict[str, tuple[float, float]] = {}
         for _, look in exchanges:  # a closer look never returns one frame twice (closer_frames)
             assert len(set(look.data["timestamps"])) == len(look.data["timestamps"])
         for t in range(1, len(turns)):
-            described, known = turns[t].split("</think>")[0].split(". The ", 1)
-            # first every frame just returned, named with its label, in order; then the boundaries
-            labels = [f"{x:.2f}" for x in exchanges[t - 1][1].data["timestamps"]]
-            assert re.findall(r"(\d+\.\d\d)s", described) == labels
-            numbers = [float(x) for x in re.findall(r"(\d+\.\d\d)s", known)]
-            assert len(numbers) in (2, 3, 4)
-            shown = {round(x, 2) for x in exchanges[t - 1][1].data["timestamps"]}
-            before = {float(x) for x in re.findall(r"(\d+\.\d\d)s", turns[t - 1])}
-            for x in numbers:
-                assert x in shown | before | {0.0, duration}, (x, turns[t])
+            scanned, known = turns[t].split("</think>")[0].split(". The ", 1)
+            look = exchanges[t - 1][1]
+            entries = entry.findall(scanned)
+            assert ", ".join(m.group(0) for m in entry.finditer(scanned)) == scanned.removeprefix("<think>")
+            # every frame just returned, named with its label, in order, held against the asked colour
+            assert [e[1] for e in entries] == [f"{x:.2f}" for x in look.data["timestamps"]]
+            assert all(e[2] == colour and (e[3] == "yes") == (e[0] == colour) for e in entries)
+            seen.update({float(e[1]): e[3] == "yes" for e in entries})
+            # each boundary written where it shows: a frame (or video end) without the colour, then one with it
+            marks = {w: (float(a), float(b)) for w, a, b in mark.findall(scanned)}
+            for word, (a, b) in marks.items():
+                assert (seen[a], seen[b]) == ((False, True) if word == "starts" else (True, False)), (word, a, b)
+                assert not any(a < x < b for x in seen), (a, b)  # neighbours: no frame seen between them
+                assert f"{a:.2f}" in {e[1] for e in entries} or f"{b:.2f}" in {e[1] for e in entries}
+            marked_in_look += len(marks)
+            # the summary: each bracket is the one marked in this turn or the same as in the turn before
+            summary = {m.group(1): (float(m.group(2)), float(m.group(3))) for m in re.finditer(
+                r"(starts|ends) between (\d+\.\d\d)s and (\d+\.\d\d)s", known)}
+            for word in ("starts", "ends"):
+                bracket = marks.get(word, previous.get(word))
+                assert bracket is not None
+                if word in summary:
+                    assert summary[word] == bracket
+                else:  # within the tolerance: one time, the first frame of the colour or the first after it
+                    assert re.search(rf"(?:starts at|is gone at) {bracket[1]:.2f}s", known), (word, bracket, known)
+                previous[word] = bracket
         # the recipe's policies may write each turn whole
         longest = max(len(tokenizer(t)["input_ids"]) for t in turns)
         assert longest <= RecipeSizes().max_new_tokens, longest
         answer = json.loads(last.split("<answer>")[1].split("</answer>")[0])
         assert [f"{x:.2f}" for x in answer] == re.findall(r"(\d+\.\d\d)s", last.split("</think>")[0].split(". The ")[1])
+        assert abs(answer[0] - timeline.truth[0]) <= 0.3 and abs(answer[1] - timeline.truth[1]) <= 0.3
+    assert marked_in_look >= 24  # both boundaries at least once per episode
 
 
 def test_grounding_turns_are_the_oracle_episode_on_the_real_tool(tmp_path: Path) -> None:

@@ -127,7 +127,8 @@ def _frames_observation(frames: Sequence[np.ndarray], times: Sequence[float], st
     labels = [f"{t:.2f}s" for t in times]
     text = (f"Video clip from {start:.2f} to {end:.2f} seconds: {len(images)} frames at " + ", ".join(labels)
             + " (times are seconds from the start of the video).")
-    return Observation(text=text, images=images, image_labels=labels, data={"timestamps": list(times)})
+    return Observation(text=text, images=images, image_labels=labels,
+                       data={"start": start, "end": end, "timestamps": list(times)})
 
 
 def _flashed_frames(rng: np.random.Generator, cfg: SynthConfig, times: Sequence[float], none_share: float = 0.0
@@ -228,10 +229,10 @@ def grounding_exchanges(timeline: GroundingTimeline, cfg: SynthConfig, in_words:
 
 def _words_observation(times: Sequence[float], colours: Sequence[str], start: float, end: float) -> Observation:
     """A look as words: the tool's own text, then each frame's screen colour with its time label as a grounding
-    think names them (:func:`mmagent.eval.synth.oracle.describe_screens`); no images."""
+    ``screen`` drill names them (:func:`mmagent.eval.synth.oracle.describe_screens`); no images."""
     text = (f"Video clip from {start:.2f} to {end:.2f} seconds: {len(times)} frames, in words. "
             + describe_screens([(round(t, 2), c) for t, c in zip(times, colours)]))
-    return Observation(text=text, data={"timestamps": list(times)})
+    return Observation(text=text, data={"start": start, "end": end, "timestamps": list(times)})
 
 
 def _grounding_round(kind: str, rng: np.random.Generator, cfg: SynthConfig, in_words: bool) -> Round:
@@ -251,8 +252,8 @@ def grounding_turn(rng: np.random.Generator, cfg: SynthConfig) -> Round:
 
     The turns are the oracle's own (:func:`mmagent.eval.synth.oracle.next_turn`, shown the frames as the
     ``resample_frames`` tool returns them), so this is a fresh SFT episode's turn, never an evaluation item's.
-    Why, beside ``screen`` and ``whole``: a turn names every frame just returned (the ``screen`` sentence,
-    :func:`mmagent.eval.synth.oracle.describe_screens`), then copies the boundaries' frame times out of those
+    Why, beside ``screen`` and ``whole``: a turn names every frame just returned and holds it against the asked
+    colour (:func:`mmagent.eval.synth.oracle.scan_screens`), then copies the boundaries' frame times out of those
     words (and the rest of what it knows from the turn before, :func:`mmagent.eval.synth.oracle.grounding_state`)
     with several hundred tokens of earlier frames in between: what ``video_answer`` showed for video QA
     (drilled apart, the pieces did not hold in the episode's own shape)."""

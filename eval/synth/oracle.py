@@ -213,11 +213,40 @@ def _hits(state: OracleState, index: int, colour: str) -> list[tuple[float, bool
 def describe_screens(frames: Sequence[tuple[float, str]]) -> str:
     """Every frame's screen colour with its time label, in order: "The screen is red at 3.75s, cyan at 11.25s."
 
-    A grounding turn writes this before it reasons about the boundaries: naming each frame is what a
-    vision tower pre-trained on screens does (the ``screen`` drill writes the same sentence), and finding the
-    asked colour in the words written is copying; finding it among eight images' tokens is a cross-modal
-    search a tiny model did not learn (README, "Grounding")."""
+    The ``screen`` drill writes it (naming each frame is what a vision tower pre-trained on screens does) and
+    a look in words (``grounding_text``) shows it; a grounding think writes each entry held against the asked
+    colour instead (:func:`scan_screens`)."""
     return "The screen is " + ", ".join(f"{c} at {t:.2f}s" for t, c in frames) + "."
+
+
+def scan_screens(frames: Sequence[tuple[float, str]], colour: str, clip: tuple[float, float],
+                 start: tuple[float, float], end: tuple[float, float]) -> str:
+    """Every frame of a look named and held against the asked colour, each boundary written where it shows:
+    "red at 22.50s vs cyan: no, cyan at 37.50s vs cyan: yes (starts between 22.50s and 37.50s), ...".
+
+    ``clip`` is the look's window; ``start`` = (last frame before the colour, first frame of it) and ``end`` =
+    (last frame of it, first frame after it) over every look so far (the video's ends where no frame is
+    known). A boundary is written in this look when both its times lie in the window, at its later frame if
+    this look shows it, else at its earlier one (the window's end is a frame of an earlier look).
+
+    Why this form: a tiny model given the list and the asked colour did not learn where the colour comes and
+    goes (the question's colour stands far from each entry; marking each entry "yes" or "no" without the
+    colour beside it was not learned either), but holding each entry against the colour written next to it,
+    as :func:`choose` does for the option letter, was (README, "Grounding")."""
+    times = [t for t, _ in frames]
+
+    def shown(t: float) -> int | None:
+        return next((k for k, u in enumerate(times) if abs(u - t) < 1e-6), None)
+
+    marks: dict[int, list[str]] = {}
+    for word, (a, b) in (("starts", start), ("ends", end)):
+        if a < clip[0] - 1e-6 or b > clip[1] + 1e-6:
+            continue
+        k = shown(b) if shown(b) is not None else shown(a)
+        if k is not None:
+            marks.setdefault(k, []).append(f" ({word} between {a:.2f}s and {b:.2f}s)")
+    return ", ".join(f"{c} at {t:.2f}s vs {colour}: {'yes' if c == colour else 'no'}" + "".join(marks.get(k, []))
+                     for k, (t, c) in enumerate(frames)) + "."
 
 
 def _grounding(state: OracleState, cfg: SynthConfig, use_tools: bool) -> str:
@@ -226,10 +255,11 @@ def _grounding(state: OracleState, cfg: SynthConfig, use_tools: bool) -> str:
     and answer from the first frame of the colour to the first frame after it. Every number the plan writes
     is a frame time a tool printed (copying, not arithmetic: a tiny policy can learn it).
 
-    Every think after the first look first names each frame just returned (:func:`describe_screens`), then
-    states both boundaries as known so far (:func:`grounding_state`), so each number is copied from the
-    observation just returned or from the same place in the turn before, never from an observation several
-    turns back: the answer's start is found in the third look but written in the sixth turn. A closer look
+    Every think after the first look first names each frame just returned, held against the asked colour,
+    with a boundary written where the colour comes or goes (:func:`scan_screens`), then states both
+    boundaries as known so far (:func:`grounding_state`), so each number is copied from the observation just
+    returned or from the same place in the turn before, never from an observation several turns back: the
+    answer's start is found in the third look but written in the sixth turn. A closer look
     asks for no more frames than its window holds (:func:`closer_frames`)."""
     task = state.task
     colour = task.metadata["colour"]
@@ -253,8 +283,10 @@ def _grounding(state: OracleState, cfg: SynthConfig, use_tools: bool) -> str:
     first, last = hits[0], hits[-1]
     before = max((t for t, on in samples if not on and t < first), default=0.0)
     after = min((t for t, on in samples if not on and t > last), default=duration)
-    known = describe_screens(_screens(state, len(state.observations) - 1)) + " " + grounding_state(
-        colour, (before, first), (last, after))
+    look = state.observations[-1].data
+    clip = (float(look.get("start", 0.0)), float(look.get("end", duration)))
+    known = scan_screens(_screens(state, len(state.observations) - 1), colour, clip, (before, first),
+                         (last, after)) + " " + grounding_state(colour, (before, first), (last, after))
     if first - before > BOUNDARY_TOLERANCE_S:
         return _call(f"{known} I look closer at the start.", "resample_frames",
                      {"start": before, "end": first, "num_frames": closer_frames(before, first, cfg)})

@@ -94,8 +94,9 @@ class RecipeSizes:
     rl_lr: float = 1e-4
     #: sampling temperature of the RL rollouts (at 1.0 the SFT model's episodes lose the format)
     rl_temperature: float = 0.7
-    #: new tokens per turn (the oracle's longest turns, a grounding look's, are about 222: every frame named)
-    max_new_tokens: int = 240
+    #: new tokens per turn (the oracle's longest turns, a grounding look's, are up to 311: every frame held
+    #: against the asked colour)
+    max_new_tokens: int = 360
     #: test items of each family that are evaluated
     eval_per_family: int = 50
     #: fresh drill rounds per kind scored after pre-training (0: skip)
