@@ -262,10 +262,10 @@ def grounding_turn(rng: np.random.Generator, cfg: SynthConfig) -> Round:
 
 def grounding_text(rng: np.random.Generator, cfg: SynthConfig) -> Round:
     """:func:`grounding_turn` with every look returned as words (each frame's colour and time label) instead of
-    frames: the same turn to write, no pixels (1,340 tokens a round on average against 2,080; README). What it isolates is the boundary
-    decision, which ``grounding_turn`` left unlearned in 200 steps (README, "Grounding"): the frame list is
-    copied from the words, and where the asked colour comes and goes must be found in it and carried forward
-    from the turn before."""
+    frames: the same turn to write, no pixels (1,370 tokens a round on average against 2,000, 40 rounds each).
+    What it isolates is the boundary decision, which ``grounding_turn`` left unlearned in 200 steps (README,
+    "Grounding"): the frame list is copied from the words, and where the asked colour comes and goes must be
+    found in it and carried forward from the turn before."""
     return _grounding_round("grounding_text", rng, cfg, in_words=True)
 
 
