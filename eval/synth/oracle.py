@@ -242,7 +242,9 @@ def scan_screens(frames: Sequence[tuple[float, str]], colour: str, clip: tuple[f
     for word, (a, b) in (("starts", start), ("ends", end)):
         if a < clip[0] - 1e-6 or b > clip[1] + 1e-6:
             continue
-        k = shown(b) if shown(b) is not None else shown(a)
+        k = shown(b)
+        if k is None:
+            k = shown(a)
         if k is not None:
             marks.setdefault(k, []).append(f" ({word} between {a:.2f}s and {b:.2f}s)")
     return ", ".join(f"{c} at {t:.2f}s vs {colour}: {'yes' if c == colour else 'no'}" + "".join(marks.get(k, []))
