@@ -1,7 +1,7 @@
 """The toy-world recipe: from nothing to a tool-using policy on CPU, with every comparison the method needs.
 
-Run it with ``python -m mmagent.training.recipes.toy_world runs/toy`` (its last run took about 2 hours on 2
-shared CPU cores, against a 30-minute target; README); add ``--install`` to make the SFT+DGRPO result mmagent's
+Run it with ``python -m mmagent.training.recipes.toy_world runs/toy`` (its last run trained for 53.5 min on 2
+CPU cores, against a 30-minute target; README); add ``--install`` to make the SFT+DGRPO result mmagent's
 built-in default model. Stages, each skipped when its result is already in the output folder (so a killed run
 continues where it stopped):
 
@@ -103,7 +103,7 @@ class RecipeSizes:
     drill_eval: int = 20
 
 
-#: one family, video QA, at the full recipe's sizes: from chance to 0.64 with tools against 0.12 without (35 min on
+#: one family, video QA, at the full recipe's sizes: from chance to 0.64 with tools against 0.12 without (32 min on
 #: 2 cores; README, "One family, end to end")
 VIDEO_QA = RecipeSizes(families=("video_qa",))
 PRESETS = {"full": RecipeSizes(), "video_qa": VIDEO_QA}
